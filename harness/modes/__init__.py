@@ -1,0 +1,10 @@
+"""Decode modes by name. A new mode is one module here plus its name in config.Mode."""
+from __future__ import annotations
+
+from harness.modes.base import DecodeMode, Stepper, forward_step
+from harness.modes.eager import EagerMode
+from harness.modes.graphed import GraphedMode
+
+MODES: dict[str, type[DecodeMode]] = {m.name: m for m in (EagerMode, GraphedMode)}
+
+__all__ = ["MODES", "DecodeMode", "Stepper", "forward_step"]

@@ -1,0 +1,52 @@
+"""result.json: each job's record, written to its job folder before anything talks to a store.
+
+The store can be down, a sweep can die; what is on disk here is enough to rebuild the run.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+RESULT_FILE = "result.json"
+STEPS_FILE = "steps.csv"
+
+
+class ResultFileError(ValueError):
+    pass
+
+
+def write(job_dir: Path, result: dict) -> Path:
+    """Atomically (write, then rename) so a killed job never leaves half a file."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    if result.get("step_ms"):
+        with open(job_dir / STEPS_FILE, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "step_ms"])
+            writer.writerows(enumerate(result["step_ms"]))
+    path = job_dir / RESULT_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def read(path: Path) -> dict:
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ResultFileError(f"{path}: not a readable result file ({err})") from err
+    if not isinstance(result, dict) or "status" not in result:
+        raise ResultFileError(f"{path}: not a harness result (no 'status' key)")
+    return result
+
+
+def find(sweep_dir: Path) -> list[Path]:
+    """Every job's result file under a sweep (or run) folder, in job order."""
+    paths = list(Path(sweep_dir).glob(f"**/{RESULT_FILE}"))
+    return sorted(paths, key=lambda p: (len(p.parts), _job_key(p.parent.name)))
+
+
+def _job_key(name: str):
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)

@@ -1,0 +1,61 @@
+"""The compact table printed at the end of a run or sweep, built from its result files."""
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def speedups(results: list[dict]) -> dict[str, float]:
+    """result_id -> eager median / this median, for runs with an eager twin (same model, bs, cache_len)."""
+    def key(r):
+        c = r.get("config", {})
+        return (c.get("model", {}).get("name"), c.get("bs"), c.get("cache_len"), c.get("prompt_len"))
+
+    eager = {key(r): r["metrics"]["step_ms_median"] for r in results
+             if r.get("status") == "FINISHED" and r.get("config", {}).get("mode") == "eager"}
+    return {r["result_id"]: eager[key(r)] / r["metrics"]["step_ms_median"] for r in results
+            if r.get("status") == "FINISHED" and key(r) in eager}
+
+
+def table(results: list[dict], title: str) -> Table:
+    speedup = speedups(results)
+    t = Table(title=title, title_justify="left")
+    for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median)", "right"),
+                          ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"),
+                          ("reason", "left")):
+        t.add_column(name, justify=justify, overflow="fold")
+    for r in results:
+        m = r.get("metrics", {})
+        ok = r.get("status") == "FINISHED"
+        t.add_row(*map(Text, (
+            "-" if r.get("job_num") is None else str(r["job_num"]), r.get("label", "?"), r.get("status", "?"),
+            f"{m['step_ms_median']:.3f}" if "step_ms_median" in m else "-",
+            f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
+            f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
+            f"{speedup[r['result_id']]:.2f}x" if r.get("result_id") in speedup else "-",
+            "" if ok else (r.get("reason") or ""),
+        )))
+    return t
+
+
+PHASES = ("build_ms", "prefill_ms", "capture_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
+
+
+def time_breakdown(results: list[dict], wall_s: float | None = None) -> str:
+    """Where a sweep's time went, summed over its jobs."""
+    totals = {p: sum(r.get("metrics", {}).get(p, 0.0) for r in results) / 1e3 for p in PHASES}
+    parts = ", ".join(f"{p.removesuffix('_ms').replace('_wall', '')} {s:.1f} s" for p, s in totals.items())
+    head = f"sweep wall {wall_s:.1f} s; " if wall_s is not None else ""
+    return f"time: {head}in jobs: {parts}"
+
+
+def print_summary(results: list[dict], title: str, ui_hint: str, wall_s: float | None = None) -> None:
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table(results, title))
+    failed = [r for r in results if r.get("status") != "FINISHED"]
+    done = len(results) - len(failed)
+    console.print(time_breakdown(results, wall_s), markup=False, highlight=False)
+    console.print(f"{done} finished, {len(failed)} failed. Browse: {ui_hint}", markup=False, highlight=False)

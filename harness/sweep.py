@@ -1,0 +1,187 @@
+"""The Hydra side of the harness: the task every job runs, and the callback around a sweep.
+
+A job validates its config, measures, writes result.json to its job folder, and only then logs
+to MLflow. Every failure becomes a FAILED record with its reason; nothing is raised to Hydra, so
+one job's failure never stops the sweep. The sweep's summary and exit status come from the
+result files, which any launcher leaves in the sweep folder.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from harness import results, tracking
+from harness.config import ConfigError, RunConfig, run_label, to_run_config
+from harness.job import JobError, measure
+from harness.progress import say
+from harness.summary import print_summary
+
+SWEEP_FILE = "sweep.json"
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+_failures = 0
+
+
+def exit_status() -> int:
+    return 1 if _failures else 0
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    """The config a command line with these overrides would run, composed from conf/ in code."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def compose_run_config(*overrides: str) -> RunConfig:
+    return to_run_config(compose_config(*overrides))
+
+
+def run_job(cfg: DictConfig) -> dict:
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    sweep = read_sweep_file(Path(hc.sweep.dir)) if multirun else {}
+    record = new_record(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task),
+                        hc.job.num if multirun else 0)
+    uri = sweep.get("tracking_uri") or tracking.resolve_uri(OmegaConf.select(cfg, "tracking.uri"))
+    experiment = sweep.get("experiment") or OmegaConf.select(cfg, "tracking.experiment", default="harness")
+    parent = sweep.get("parent_run_id") if multirun else _open_parent(uri, experiment, f"run {record['label']}",
+                                                                      {"run_dir": record["job_dir"]})
+    of = f"/{sweep['n_jobs']}" if sweep.get("n_jobs") else ""
+    prefix = f"job {record['job_num'] + 1}{of}" if multirun else "run"
+
+    try:
+        run_cfg = to_run_config(cfg)
+        measured = measure(run_cfg, on_phase=lambda phase: say(f"{prefix} {record['label']}: {phase}"))
+        reason = measured.pop("failure", None)
+        record.update(measured, status="FAILED" if reason else "FINISHED", reason=reason)
+    except (ConfigError, JobError) as err:
+        record.update(status="FAILED", reason=str(err))
+    except Exception as err:  # anything else: keep the traceback beside the result, not on screen
+        record.update(status="FAILED", reason=f"{type(err).__name__}: {err}".splitlines()[0])
+        (Path(record["job_dir"]) / "error.log").write_text(traceback.format_exc())
+    finish(record, uri, experiment, parent)
+    say(f"{prefix} {record['label']}: {_outcome(record)}")
+
+    if not multirun:
+        _close_parent(uri, parent, [record])
+        print_summary([record], f"run {record['job_dir']}", tracking.ui_command(uri))
+    return {"status": record["status"], "reason": record.get("reason")}
+
+
+def new_record(cfg: DictConfig, job_dir: Path, overrides: list[str], job_num: int | None) -> dict:
+    def sel(key: str):
+        value = OmegaConf.select(cfg, key, default="?", throw_on_missing=False)
+        return getattr(value, "value", value)  # enums by their value
+
+    return {
+        "result_id": uuid.uuid4().hex,
+        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), sel("mode")),
+        "job_num": job_num,
+        "job_dir": str(job_dir.resolve()),
+        "overrides": overrides,
+        "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=False),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def finish(record: dict, uri: str, experiment: str, parent: str | None) -> None:
+    """result.json first, then the store; a store failure costs nothing but a warning."""
+    global _failures
+    _failures += record["status"] != "FINISHED"
+    job_dir = Path(record["job_dir"])
+    results.write(job_dir, record)
+    try:
+        record["mlflow_run_id"] = tracking.log_job(uri, experiment, parent, record, job_dir)
+    except Exception as err:  # noqa: BLE001 - the store is optional, the result file is not
+        say(f"warning: could not log {record['label']} to {uri} ({type(err).__name__}: {err}); "
+            f"its result is kept in {job_dir / results.RESULT_FILE}")
+        return
+    results.write(job_dir, record)
+
+
+def _outcome(record: dict) -> str:
+    if record["status"] == "FINISHED":
+        m = record["metrics"]
+        return f"done, median {m['step_ms_median']:.3f} ms/step, {m['wall_ms_per_token']:.3f} ms/token wall"
+    return f"FAILED: {record['reason']}"
+
+
+def _open_parent(uri: str, experiment: str, name: str, tags: dict) -> str | None:
+    try:
+        return tracking.start_parent(uri, experiment, name, tags)
+    except Exception as err:  # noqa: BLE001
+        say(f"warning: tracking store {uri} unavailable ({type(err).__name__}: {err}); results stay on disk")
+        return None
+
+
+def _close_parent(uri: str, parent: str | None, records: list[dict]) -> None:
+    if parent is None:
+        return
+    ok = all(r.get("status") == "FINISHED" for r in records)
+    try:
+        tracking.end_run(uri, parent, "FINISHED" if ok else "FAILED")
+    except Exception as err:  # noqa: BLE001
+        say(f"warning: could not close parent run {parent} ({type(err).__name__}: {err})")
+
+
+def read_sweep_file(sweep_dir: Path) -> dict:
+    path = sweep_dir / SWEEP_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update_sweep_file(sweep_dir: Path, **fields) -> None:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    data = {**read_sweep_file(sweep_dir), **fields}
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(data, indent=2))
+
+
+def record_rejected(sweep_cfg: DictConfig, overrides: list[str], reason: str, index: int) -> None:
+    """A job whose overrides Hydra refused to compose: recorded FAILED with Hydra's own message."""
+    sweep_dir = Path(sweep_cfg.hydra.sweep.dir)
+    sweep = read_sweep_file(sweep_dir)
+    job_dir = sweep_dir / f"rejected-{index}"
+    values = dict(o.split("=", 1) for o in overrides if "=" in o)
+    record = new_record(OmegaConf.create({}), job_dir, overrides, None)
+    record.update(label=run_label(values.get("model", sweep_cfg.model.name), values.get("bs", sweep_cfg.bs),
+                                  values.get("cache_len", sweep_cfg.cache_len), values.get("mode", sweep_cfg.mode)),
+                  status="FAILED", reason=reason, config={})
+    uri = sweep.get("tracking_uri") or tracking.resolve_uri(sweep_cfg.tracking.uri)
+    finish(record, uri, sweep.get("experiment", sweep_cfg.tracking.experiment), sweep.get("parent_run_id"))
+    say(f"rejected {' '.join(overrides)}: {reason}")
+
+
+class SweepCallback(Callback):
+    """Opens the sweep's parent run before any job, closes it and prints the table after the last."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        uri = tracking.resolve_uri(config.tracking.uri)
+        overrides = " ".join(config.hydra.overrides.task)
+        parent = _open_parent(uri, config.tracking.experiment, f"sweep {sweep_dir.name}",
+                              {"overrides": overrides, "sweep_dir": str(sweep_dir.resolve())})
+        update_sweep_file(sweep_dir, parent_run_id=parent, tracking_uri=uri, started=time.time(),
+                          experiment=config.tracking.experiment, overrides=overrides)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        global _failures
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep = read_sweep_file(sweep_dir)
+        records = []
+        for path in results.find(sweep_dir):
+            try:
+                records.append(results.read(path))
+            except results.ResultFileError as err:
+                say(f"warning: {err}")
+        _failures = sum(r.get("status") != "FINISHED" for r in records)
+        _close_parent(sweep["tracking_uri"], sweep.get("parent_run_id"), records)
+        print_summary(records, f"sweep {sweep_dir}", tracking.ui_command(sweep["tracking_uri"]),
+                      wall_s=time.time() - sweep["started"])

@@ -1,0 +1,66 @@
+"""Hydra's BasicSweeper, made to keep going and to build each model once.
+
+BasicSweeper composes every job before launching any, and one bad value (`mode=eager,bogus`)
+aborts the whole sweep. This sweeper records such a job as FAILED with Hydra's own error and
+launches the rest. It also orders jobs by model, so a process builds each model once.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+
+MODEL_KEYS = ("model", "dtype", "attn", "device", "seed")
+
+
+@dataclass
+class HarnessSweeperConf:
+    _target_: str = "hydra_plugins.harness_sweeper.harness_sweeper.HarnessSweeper"
+    max_batch_size: Optional[int] = None
+    params: Optional[Dict[str, str]] = None
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="harness", node=HarnessSweeperConf, provider="harness")
+
+
+def model_key(overrides: Sequence[str]) -> tuple:
+    return tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~").split(".")[0] in MODEL_KEYS)
+
+
+def hydra_error(err: BaseException) -> str:
+    """Hydra's message and its OmegaConf cause (which names the valid options), on one line."""
+    lines = str(err).strip().split("Config search path")[0].splitlines()
+    if err.__cause__ is not None:
+        lines.append(str(err.__cause__).strip().splitlines()[0])
+    return " ".join(line.strip() for line in lines if line.strip() and not line.startswith("    "))
+
+
+class HarnessSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None):
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.rejected = 0
+
+    def get_job_batch(self) -> List[List[str]]:
+        from harness.progress import say
+        from harness.sweep import record_rejected, update_sweep_file
+
+        batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
+        legal = []
+        for overrides in batch:
+            try:
+                self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            except Exception as err:  # noqa: BLE001 - Hydra's message is the reason we record
+                self.rejected += 1
+                record_rejected(self.config, list(overrides), hydra_error(err), self.rejected)
+                continue
+            legal.append(overrides)
+        total = sum(len(b) for b in self.overrides)
+        update_sweep_file(self._sweep_dir(), n_jobs=len(legal), n_rejected=self.rejected)
+        say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected → {self._sweep_dir()}")
+        return legal
+
+    def _sweep_dir(self):
+        from pathlib import Path
+
+        return Path(self.config.hydra.sweep.dir)

@@ -1,0 +1,89 @@
+"""Compose the real config tree through Hydra's compose API, good input and bad."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from harness.config import ConfigError, Mode, to_run_config
+from tests.conftest import compose_cfg, run_config
+
+
+def test_defaults_are_qwen3_0_6b_eager():
+    cfg = run_config()
+    assert cfg.model.name == "qwen3-0.6b" and cfg.mode is Mode.eager
+    assert (cfg.bs, cfg.decode_tokens, cfg.warmup, cfg.device) == (1, 128, 10, "auto")
+    assert cfg.dtype.value == "bf16" and cfg.attn.value == "sdpa"
+    assert cfg.model.weights is None
+
+
+def test_qwen3_0_6b_is_the_exact_architecture():
+    m = run_config("model=qwen3-0.6b").model
+    assert m.architecture() == {
+        "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+        "rope_theta": 1e6, "tie_word_embeddings": True, "max_position_embeddings": 40960,
+    }
+
+
+def test_tiny_is_a_two_layer_qwen3():
+    m = run_config("model=tiny").model
+    assert m.model_type == "qwen3" and m.num_hidden_layers == 2
+
+
+def test_the_design_card_sweep_composes_as_written():
+    axes = {"bs": [1, 2, 4, 8], "mode": ["eager", "graphed"], "cache_len": [256, 4096],
+            "model": ["qwen3-0.6b", "tiny"]}
+    seen = set()
+    for values in itertools.product(*axes.values()):
+        cfg = run_config(*(f"{k}={v}" for k, v in zip(axes, values)))
+        seen.add((cfg.bs, cfg.mode.value, cfg.cache_len, cfg.model.name))
+    assert len(seen) == 32
+
+
+@pytest.mark.parametrize("override, says", [
+    ("mode=bogus", "expected one of [eager, graphed]"),
+    ("dtype=int3", "expected one of [bf16, fp16, fp32]"),
+    ("bs=four", "could not be converted to Integer"),
+    ("model.hidden_size=wide", "could not be converted to Integer"),
+    ("model=llama-9000", "Available options in 'model'"),
+    ("no_such_key=1", "Could not override 'no_such_key'"),
+])
+def test_hydra_rejects_bad_values_naming_the_options(override, says):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(override)
+    text = str(err.value) + str(err.value.__cause__)
+    assert says in text
+    if override.startswith("model="):
+        assert "qwen3-0.6b" in text and "tiny" in text
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["bs=0"], "bs=0 is invalid: the batch size must be >= 1"),
+    (["bs=-3"], "bs=-3 is invalid"),
+    (["cache_len=100", "prompt_len=16", "warmup=10", "decode_tokens=128"],
+     "cache_len=100 is too short: prompt_len (16) + warmup (10) + decode_tokens (128) = 154"),
+    (["decode_tokens=1"], "decode_tokens=1 is invalid"),
+    (["warmup=0"], "warmup=0 is invalid"),
+    (["device=tpu"], "device='tpu' is invalid: use auto, cpu, cuda or cuda:N"),
+    (["model=tiny", "model.num_key_value_heads=3"], "must be a multiple of model.num_key_value_heads=3"),
+])
+def test_schema_checks_give_one_clear_line(overrides, says):
+    with pytest.raises(ConfigError) as err:
+        run_config(*overrides)
+    assert says in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cache_len_exactly_enough_is_accepted():
+    assert run_config("cache_len=154", "prompt_len=16", "warmup=10", "decode_tokens=128").cache_len == 154
+
+
+def test_a_saved_config_validates_and_unknown_keys_are_refused():
+    saved = OmegaConf.to_container(compose_cfg("model=tiny", "bs=4"), resolve=True)
+    assert to_run_config(OmegaConf.create(saved)).bs == 4
+    saved["_target_"] = "os.system"
+    with pytest.raises(ConfigError, match="_target_"):
+        to_run_config(OmegaConf.create(saved))

@@ -1,0 +1,123 @@
+"""The measurement itself, in process, on the tiny model on CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import StaticCache
+
+from harness import models
+from harness.config import ConfigError
+from harness.job import JobError, measure, prefill, seeded_prompt, verify_tokens
+from harness.modes.eager import EagerStepper
+from harness.timing import step_stats
+from tests.conftest import FAST, run_config
+
+
+@pytest.fixture(autouse=True)
+def fresh_model_cache():
+    models.release_models()
+    yield
+    models.release_models()
+
+
+def test_eager_decode_on_cpu_reports_every_number():
+    result = measure(run_config(*FAST, "bs=2", "device=cpu"))
+    m = result["metrics"]
+    assert len(result["step_ms"]) == 8 and result["step_clock"] == "host"
+    for key in ("mean", "median", "p90", "p99", "min", "max", "stdev", "cv"):
+        assert m[f"step_ms_{key}"] >= 0
+    assert m["step_ms_min"] <= m["step_ms_median"] <= m["step_ms_max"]
+    assert m["tokens_per_s"] == pytest.approx(2 * 1000 / m["step_ms_median"])
+    assert m["wall_ms_per_token"] >= m["step_ms_mean"]
+    assert m["prefill_ms"] > 0 and m["warmup_ms"] > 0 and m["build_ms"] > 0
+    assert result["weights"] == "random" and result["weights_source"] == "seed=0"
+    assert result["architecture"]["num_hidden_layers"] == 2
+    assert result["environment"]["device"] == "cpu"
+    assert "failure" not in result
+
+
+def test_a_sweep_reuses_the_model_it_built():
+    first = measure(run_config(*FAST, "device=cpu", "bs=1"))
+    second = measure(run_config(*FAST, "device=cpu", "bs=2"))
+    assert not first["model_reused"] and second["model_reused"]
+    assert second["metrics"]["build_ms"] == 0.0
+
+
+def test_graphed_without_cuda_fails_with_a_clear_reason():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(JobError, match="mode=graphed needs a CUDA GPU"):
+        measure(run_config(*FAST, "mode=graphed"))
+
+
+def test_seeded_random_weights_are_reproducible():
+    cfg = run_config(*FAST, "device=cpu")
+    a = models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=3)[0]
+    b = models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=3)[0]
+    c = models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=4)[0]
+    wa, wb, wc = (m.model.layers[0].mlp.up_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_step_stats_on_known_values():
+    s = step_stats([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert s["median"] == 3.0 and s["mean"] == 4.0 and s["min"] == 1.0 and s["max"] == 10.0
+    assert s["stdev"] == pytest.approx(3.5355339, rel=1e-6)
+    assert s["cv"] == pytest.approx(3.5355339 / 4.0, rel=1e-6)
+    assert s["p90"] == pytest.approx(7.6)
+
+
+def test_a_local_checkpoint_loads_as_safetensors(tmp_path):
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32")
+    reference = models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=11)[0]
+    reference.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
+    assert list((tmp_path / "ckpt").glob("*.safetensors"))
+
+    loaded = run_config(*FAST, "device=cpu", "dtype=fp32", f"model.weights={tmp_path / 'ckpt'}")
+    result = measure(loaded)
+    assert result["weights"] == "checkpoint"
+    assert result["weights_source"] == str((tmp_path / "ckpt").resolve())
+
+    model = models.get_model(loaded.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        assert torch.equal(model(prompt).logits, reference(prompt).logits)
+
+
+def test_a_checkpoint_without_safetensors_is_refused(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "pytorch_model.bin").write_bytes(b"pickle data is never loaded")
+    cfg = run_config(*FAST, "device=cpu", f"model.weights={tmp_path / 'ckpt'}")
+    with pytest.raises(ConfigError, match="holds no \\*.safetensors file"):
+        measure(cfg)
+
+
+def test_prefill_returns_one_token_per_row():
+    cfg = run_config(*FAST, "device=cpu", "bs=3")
+    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    prompt = seeded_prompt(3, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        first = prefill(model, cache, prompt)
+    assert first.shape == (3, 1) and int(cache.get_seq_length()) == 8
+
+
+class BiasedStepper(EagerStepper):
+    """A broken mode: it always prefers token 7."""
+
+    def step(self):
+        logits = super().step().clone()
+        logits[:, 7] += 1e4
+        return logits
+
+
+def test_verification_catches_a_mode_whose_tokens_differ():
+    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32")
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        same = verify_tokens(model, cache, prompt, EagerStepper(model, cache, prompt[:, :1]), 8)
+        broken = verify_tokens(model, cache, prompt, BiasedStepper(model, cache, prompt[:, :1]), 8)
+    assert same == {"match": True, "first_mismatch": None, "max_logit_diff": 0.0}
+    assert not broken["match"] and broken["first_mismatch"] == 0 and broken["max_logit_diff"] >= 1e4 - 1

@@ -1,0 +1,107 @@
+"""The real CLI in a subprocess: a tiny sweep into a temporary MLflow store, read back with MLflow's client."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import FAST, run_harness
+
+
+def store(workdir: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}")
+
+
+def runs_by_kind(client: MlflowClient):
+    exp = client.get_experiment_by_name("harness")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("harness.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("harness.kind") == "job"]
+    return exp, parents, children
+
+
+def sweep_dirs(workdir: Path) -> list[Path]:
+    return sorted((workdir / "outputs" / "sweeps").glob("*/*"))
+
+
+def test_a_tiny_multirun_lands_in_mlflow(workdir):
+    proc = run_harness("-m", *FAST, "bs=1,2", "mode=eager", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 finished, 0 failed" in proc.stdout
+    assert f"mlflow ui --backend-store-uri sqlite:///{workdir}/mlruns/mlflow.db" in proc.stdout
+    assert "job 1/2 tiny bs=1 cache=64 eager: decode" in proc.stderr  # progress goes to stderr
+
+    client = store(workdir)
+    exp, parents, children = runs_by_kind(client)
+    assert exp.artifact_location == (workdir / "mlruns" / "artifacts").as_uri()
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert sorted(c.info.run_name for c in children) == ["tiny bs=1 cache=64 eager", "tiny bs=2 cache=64 eager"]
+
+    for child in children:
+        assert child.info.status == "FINISHED"
+        p, m, t = child.data.params, child.data.metrics, child.data.tags
+        bs = int(p["bs"])
+        assert p["model.name"] == "tiny" and p["mode"] == "eager" and p["cache_len"] == "64"
+        assert p["model.hidden_size"] == "64" and p["tracking.experiment"] == "harness"
+        assert m["tokens_per_s"] == pytest.approx(bs * 1000 / m["step_ms_median"])
+        for key in ("step_ms_p99", "step_ms_cv", "wall_ms_per_token", "prefill_ms", "warmup_ms", "capture_ms"):
+            assert key in m
+        assert t["weights"] == "random" and t["env.torch"] == torch.__version__
+        assert t["overrides"].endswith(f"bs={bs} mode=eager") and t["env.git_commit"]
+        series = client.get_metric_history(child.info.run_id, "step_ms")
+        assert [s.step for s in series] == list(range(8))
+        files = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert files == {"result.json", "steps.csv", "config.yaml", "overrides.yaml"}
+        job_dir = Path(t["job_dir"])
+        on_disk = json.loads((job_dir / "result.json").read_text())
+        assert on_disk["mlflow_run_id"] == child.info.run_id
+        assert [s.value for s in series] == pytest.approx(on_disk["step_ms"])
+
+
+def test_failures_are_recorded_and_the_rest_still_runs(workdir):
+    args = ["-m", *FAST, "bs=0,1", "mode=eager,graphed,bogus"]
+    proc = run_harness(*args, cwd=workdir)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr + proc.stdout
+    _, parents, children = runs_by_kind(store(workdir))
+    assert parents[0].info.status == "FAILED"
+    by_name = {c.info.run_name: c for c in children}
+    assert len(children) == 6
+    assert by_name["tiny bs=1 cache=64 eager"].info.status == "FINISHED"
+    reasons = {name: c.data.tags.get("failure_reason", "") for name, c in by_name.items()}
+    assert "bs=0 is invalid" in reasons["tiny bs=0 cache=64 eager"]
+    assert "expected one of [eager, graphed]" in reasons["tiny bs=1 cache=64 bogus"]
+    if not torch.cuda.is_available():
+        assert "mode=graphed needs a CUDA GPU" in reasons["tiny bs=1 cache=64 graphed"]
+        assert "1 finished, 5 failed" in proc.stdout
+    assert "expected one of [eager, graphed]" in proc.stdout  # the summary says why
+
+
+def test_a_run_reruns_from_its_saved_hydra_config(workdir):
+    first = run_harness(*FAST, "bs=3", "seed=5", cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = (workdir / "outputs" / "runs").glob("*/*")
+    saved = run_dir / ".hydra"
+    again = run_harness("--config-path", str(saved), "--config-name", "config", cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    results = [json.loads(p.read_text()) for p in (workdir / "outputs").glob("**/result.json")]
+    assert len(results) == 2
+    assert results[0]["config"] == results[1]["config"]
+    assert yaml.safe_load((saved / "config.yaml").read_text())["bs"] == 3
+    _, parents, children = runs_by_kind(store(workdir))
+    assert len(parents) == 2 and len(children) == 2  # a single run gets its own parent too
+
+
+def test_an_unreachable_store_keeps_the_result_file(workdir):
+    proc = run_harness(*FAST, cwd=workdir, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert proc.returncode == 0
+    assert "results stay on disk" in proc.stderr or "is kept in" in proc.stderr
+    (result,) = (workdir / "outputs" / "runs").glob("*/*/result.json")
+    assert json.loads(result.read_text())["status"] == "FINISHED"
