@@ -57,10 +57,9 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     with stopwatch(device, phases, "prefill_ms"):
         first = prefill(model, cache, prompt)  # also allocates the cache outside any graph pool
     on_phase(mode.prepare_phase)
-    reserved_before = _reserved(device)
     with stopwatch(device, phases, "capture_ms"):
         stepper = mode.prepare(model, cache, first)
-    phases["graph_mem_mb"] = (_reserved(device) - reserved_before) / MiB
+    phases["graph_mem_mb"] = stepper.graph_bytes / MiB
 
     cache.reset()
     stepper.input_ids.copy_(prefill(model, cache, prompt))
@@ -141,10 +140,6 @@ def _architecture(model: torch.nn.Module) -> dict:
     return arch
 
 
-def _reserved(device: torch.device) -> int:
-    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
-
-
 def _peaks(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
@@ -167,6 +162,8 @@ class MemoryProbe:
             return {}
         gc.collect()
         torch.cuda.synchronize(self.device)
+        # cuBLAS keeps a workspace per stream in the caching allocator and never gives it back itself
+        getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
         torch.cuda.empty_cache()
         leaked = torch.cuda.memory_allocated(self.device) - self.baseline
         return {"mem_baseline_mb": self.baseline / MiB, "mem_leaked_mb": leaked / MiB,

@@ -13,6 +13,7 @@ import torch
 
 class Stepper(Protocol):
     input_ids: torch.Tensor
+    graph_bytes: int  # memory the mode's graphs hold (0 where there are none)
 
     def step(self) -> torch.Tensor: ...
 

@@ -6,6 +6,8 @@ from harness.modes.base import DecodeMode, forward_step
 
 
 class EagerStepper:
+    graph_bytes = 0
+
     def __init__(self, model: torch.nn.Module, cache, input_ids: torch.Tensor):
         self.model, self.cache, self.input_ids = model, cache, input_ids.clone()
 
