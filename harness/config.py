@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -19,9 +19,13 @@ class ConfigError(ValueError):
     """Bad input, reported as one line naming the value and what would be valid."""
 
 
-class Mode(Enum):
-    eager = "eager"
-    graphed = "graphed"
+# Names as users type them (`compiled-nograph` has a hyphen, hence the functional form).
+MODE_NAMES = ("eager", "graphed", "bucketed", "compiled-nograph", "compiled")
+Mode = Enum("Mode", {name: name for name in MODE_NAMES})
+GRAPH_STEP_MODES = ("graphed", "bucketed")  # the modes whose own graphs can hold several steps
+# torch.compile modes each compiled mode accepts; the first is its default
+COMPILE_MODES = {"compiled": ("reduce-overhead", "max-autotune"),
+                 "compiled-nograph": ("default", "max-autotune-no-cudagraphs")}
 
 
 class DType(Enum):
@@ -59,6 +63,8 @@ class ModelConfig:
     max_position_embeddings: int = 40960
     # A local checkpoint directory (config.json + *.safetensors) or a hub id; None = seeded random weights.
     weights: Optional[str] = None
+    # Merge q/k/v into one linear and gate/up into one: fewer, larger GEMMs per layer, same outputs.
+    fuse_projections: bool = False
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -71,7 +77,8 @@ class ModelConfig:
 
     def architecture(self) -> dict[str, Any]:
         """The keyword arguments of the transformers config class."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("name", "model_type", "weights")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("name", "model_type", "weights", "fuse_projections")}
 
 
 @dataclass
@@ -97,6 +104,9 @@ class RunConfig:
     attn: Attn = Attn.sdpa
     device: str = "auto"
     seed: int = 0
+    buckets: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # mode=bucketed's capture sizes
+    graph_steps: int = 1  # decode steps per graph replay; >1 captures argmax and feeding too
+    compile_mode: Optional[str] = None  # torch.compile mode for the compiled modes; None: the mode's default
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -105,22 +115,47 @@ class RunConfig:
         _require(self.decode_tokens >= 2,
                  f"decode_tokens={self.decode_tokens} is invalid: it must be >= 2 (statistics need two steps)")
         _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
-        needed = self.prompt_len + self.warmup + self.decode_tokens
+        self._check_graph_options()
+        k = self.graph_steps  # warm-up and decode run in whole graph replays of k tokens
+        needed = self.prompt_len + _round_up(self.warmup, k) + _round_up(self.decode_tokens, k)
         _require(self.cache_len >= needed,
                  f"cache_len={self.cache_len} is too short: prompt_len ({self.prompt_len}) + warmup "
-                 f"({self.warmup}) + decode_tokens ({self.decode_tokens}) = {needed} tokens must fit; "
-                 f"use cache_len>={needed}")
+                 f"({self.warmup}) + decode_tokens ({self.decode_tokens})"
+                 + (f", in whole replays of graph_steps={k}," if k > 1 else "")
+                 + f" = {needed} tokens must fit; use cache_len>={needed}")
         _require(bool(_DEVICE.match(self.device)),
                  f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
 
+    def _check_graph_options(self) -> None:
+        b = list(self.buckets)
+        _require(len(b) > 0, "buckets=[] is invalid: give at least one batch size, e.g. buckets=[1,2,4,8]")
+        _require(all(x >= 1 for x in b), f"buckets={b} is invalid: every bucket must be >= 1")
+        _require(all(x < y for x, y in zip(b, b[1:])),
+                 f"buckets={b} is invalid: list them in increasing order without repeats, e.g. {sorted(set(b))}")
+        _require(self.graph_steps >= 1, f"graph_steps={self.graph_steps} is invalid: it must be >= 1")
+        _require(self.graph_steps == 1 or self.mode.value in GRAPH_STEP_MODES,
+                 f"graph_steps={self.graph_steps} applies to mode={' or mode='.join(GRAPH_STEP_MODES)} only, "
+                 f"not mode={self.mode.value}")
+        if self.compile_mode is not None:
+            allowed = COMPILE_MODES.get(self.mode.value, ())
+            _require(self.compile_mode in allowed,
+                     f"compile_mode={self.compile_mode} is invalid for mode={self.mode.value}: "
+                     + (f"use one of {', '.join(allowed)}" if allowed else "only the compiled modes take it"))
+
     @property
     def label(self) -> str:
-        return run_label(self.model.name, self.bs, self.cache_len, self.mode.value)
+        return run_label(self.model.name, self.bs, self.cache_len, self.mode.value, self.graph_steps,
+                         self.model.fuse_projections)
 
 
-def run_label(model: Any, bs: Any, cache_len: Any, mode: Any) -> str:
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def run_label(model: Any, bs: Any, cache_len: Any, mode: Any, graph_steps: Any = 1, fused: Any = False) -> str:
     """The human-readable run name, e.g. `qwen3-0.6b bs=4 cache=1024 graphed`."""
-    return f"{model} bs={bs} cache={cache_len} {mode}"
+    extras = (f" steps={graph_steps}" if graph_steps not in (1, "1", "?") else "") + (" fused" if fused is True else "")
+    return f"{model} bs={bs} cache={cache_len} {mode}{extras}"
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -8,14 +8,12 @@ import gc
 from typing import Callable
 
 import torch
-from transformers import StaticCache
-
 from harness.config import RunConfig
 from harness.environment import environment_tags, resolve_device
 from harness.models import LoadedModel, get_model
 from harness.modes import MODES, DecodeMode, Stepper
 from harness.modes.eager import EagerStepper
-from harness.timing import decode_metrics, feed_argmax, run_steps, stopwatch, timed_decode
+from harness.timing import advance, decode_metrics, run_steps, stopwatch, timed_decode
 
 VERIFY_TOKENS = 32  # graph modes must reproduce eager's first 32 greedy tokens
 VERIFY_LOGIT_ROWS = 8  # rows whose logits are kept for the max |difference| (rows are independent)
@@ -29,7 +27,10 @@ class JobError(RuntimeError):
 def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None) -> dict:
     device = resolve_device(cfg.device)
     mode = MODES[cfg.mode.value]()
-    _check_device(mode, device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise JobError(f"device={device} asked for, but no CUDA GPU is visible; use device=auto or device=cpu")
+    if (why := mode.check(device)) is not None:
+        raise JobError(why)
     on_phase("build")
     loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn.value, device, cfg.seed)
     memory = MemoryProbe(device)
@@ -39,37 +40,25 @@ def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None
     return result
 
 
-def _check_device(mode: DecodeMode, device: torch.device) -> None:
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise JobError(f"device={device} asked for, but no CUDA GPU is visible; use device=auto or device=cpu")
-    if mode.needs_cuda and device.type != "cuda":
-        raise JobError(f"mode={mode.name} needs a CUDA GPU and this job runs on {device} "
-                       f"(torch.cuda.is_available() is {torch.cuda.is_available()}); use mode=eager here")
-
-
 def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase) -> dict:
     model = loaded.model
     prompt = seeded_prompt(cfg.bs, cfg.prompt_len, model.config.vocab_size, cfg.seed, device)
-    cache = StaticCache(config=model.config, max_cache_len=cfg.cache_len)
     phases = {"build_ms": loaded.build_ms}
 
-    on_phase("prefill")
-    with stopwatch(device, phases, "prefill_ms"):
-        first = prefill(model, cache, prompt)  # also allocates the cache outside any graph pool
     on_phase(mode.prepare_phase)
     with stopwatch(device, phases, "capture_ms"):
-        stepper = mode.prepare(model, cache, first)
+        stepper = mode.prepare(model, prompt, cfg)  # prefills first: the cache lives outside any graph pool
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
-
-    cache.reset()
-    stepper.input_ids.copy_(prefill(model, cache, prompt))
+    on_phase("prefill")
+    with stopwatch(device, phases, "prefill_ms"):
+        stepper.restart(prompt)
     on_phase("warmup")
     with stopwatch(device, phases, "warmup_ms"):
         run_steps(stepper, cfg.warmup)
     on_phase("decode")
     timing = timed_decode(stepper, cfg.decode_tokens, device)
 
-    metrics = {**decode_metrics(timing, cfg.bs), **phases, **_peaks(device)}
+    metrics = {**decode_metrics(timing, cfg.bs), **phases, **_peaks(device), **stepper.metrics}
     result = {
         "metrics": metrics,
         "step_ms": timing.step_ms,
@@ -77,13 +66,14 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         "weights": loaded.weights,
         "weights_source": loaded.source,
         "model_reused": loaded.reused,
+        "mode_tags": stepper.tags,
         "architecture": _architecture(model),
         "environment": environment_tags(device),
     }
     if mode.verify_against_eager:
         on_phase("verify")
         with stopwatch(device, metrics, "verify_ms"):
-            check = verify_tokens(model, cache, prompt, stepper, min(VERIFY_TOKENS, cfg.decode_tokens))
+            check = verify_tokens(model, prompt, stepper, cfg.cache_len, min(VERIFY_TOKENS, cfg.decode_tokens))
         metrics.update(tokens_match=float(check["match"]), max_logit_diff=check["max_logit_diff"])
         if not check["match"]:
             result["failure"] = (f"{mode.name} tokens differ from eager's at step {check['first_mismatch']} "
@@ -96,39 +86,34 @@ def seeded_prompt(bs: int, prompt_len: int, vocab: int, seed: int, device: torch
     return torch.randint(0, vocab, (bs, prompt_len), generator=generator).to(device)
 
 
-def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor:
-    """Eager prefill of the whole prompt; returns the first greedy token, shape [bs, 1]."""
-    out = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-
-
-def verify_tokens(model, cache, prompt: torch.Tensor, stepper: Stepper, n: int) -> dict:
+def verify_tokens(model, prompt: torch.Tensor, stepper: Stepper, cache_len: int, n: int) -> dict:
     """Decode n greedy tokens with the mode's stepper, then with plain eager calls, and compare."""
-    cache.reset()
-    stepper.input_ids.copy_(prefill(model, cache, prompt))
+    stepper.restart(prompt)
     tokens, logits = _greedy(stepper, n)
-    cache.reset()
-    eager_tokens, eager_logits = _greedy(EagerStepper(model, cache, prefill(model, cache, prompt)), n)
+    reference = EagerStepper(model, prompt, cache_len)
+    eager_tokens, eager_logits = _greedy(reference, n)
+    del reference  # its cache
     mismatch = (tokens != eager_tokens).any(dim=1).nonzero()
+    diffs = [(logits[i].float() - eager_logits[i].float()).abs().max() for i in logits]
     return {
         "match": mismatch.numel() == 0,
         "first_mismatch": int(mismatch[0]) if mismatch.numel() else None,
-        "max_logit_diff": float((logits.float() - eager_logits.float()).abs().max()),
+        "max_logit_diff": float(torch.stack(diffs).max()),
     }
 
 
-def _greedy(stepper: Stepper, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    bs = stepper.input_ids.shape[0]
-    tokens = torch.empty(n, bs, dtype=torch.long, device=stepper.input_ids.device)
-    kept = None
-    for i in range(n):
-        logits = stepper.step()
-        if kept is None:
-            kept = torch.empty(n, *logits[:VERIFY_LOGIT_ROWS].shape, dtype=logits.dtype, device=logits.device)
-        kept[i].copy_(logits[:VERIFY_LOGIT_ROWS])
-        feed_argmax(stepper, logits)
-        tokens[i].copy_(stepper.input_ids[:, 0])
-    return tokens, kept
+def _greedy(stepper: Stepper, n: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """n greedy tokens [n, bs], and the logits of the first rows at every step that exposes them."""
+    tokens = torch.empty(n, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
+    logits, done = {}, 0
+    while done < n:
+        out = advance(stepper)
+        k = min(stepper.tokens_per_step, n - done)
+        tokens[done:done + k].copy_(stepper.tokens[:k])
+        if k == stepper.tokens_per_step:
+            logits[done + k - 1] = out[:VERIFY_LOGIT_ROWS].clone()
+        done += k
+    return tokens, logits
 
 
 def _architecture(model: torch.nn.Module) -> dict:

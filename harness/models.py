@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config import ConfigError, ModelConfig
@@ -38,6 +39,8 @@ def get_model(cfg: ModelConfig, dtype: str, attn: str, device: torch.device, see
     release_models()
     start = time.perf_counter()
     model, weights, source = _load(cfg, DTYPES[dtype], attn, device, seed)
+    if cfg.fuse_projections:
+        fuse_projections(model)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     loaded = LoadedModel(model.eval(), weights, source, (time.perf_counter() - start) * 1e3)
@@ -71,3 +74,58 @@ def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device,
         source, dtype=dtype, attn_implementation=attn, use_safetensors=True, trust_remote_code=False,
     )
     return model.to(device), kind, source
+
+
+class SharedInputLinear(nn.Module):
+    """Linear layers that read the same input, computed as one GEMM over concatenated weights.
+
+    Each original layer is replaced by a `SliceOf` this module. The first slice the model calls
+    (q_proj, gate_proj) runs the fused GEMM; the others return their column block of its output.
+    """
+
+    def __init__(self, linears: list[nn.Linear]):
+        super().__init__()
+        first = linears[0]
+        self.sizes = [lin.out_features for lin in linears]
+        self.fused = nn.Linear(first.in_features, sum(self.sizes), bias=first.bias is not None,
+                               device=first.weight.device, dtype=first.weight.dtype)
+        with torch.no_grad():
+            self.fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+            if first.bias is not None:
+                self.fused.bias.copy_(torch.cat([lin.bias for lin in linears]))
+        self.outputs: tuple[torch.Tensor, ...] | None = None
+
+
+class SliceOf(nn.Module):
+    def __init__(self, shared: SharedInputLinear, index: int):
+        super().__init__()
+        self.shared, self.index = [shared], index  # a list: keep the shared module out of state_dict twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.shared[0]
+        if self.index == 0:
+            shared.outputs = shared.fused(x).split(shared.sizes, dim=-1)
+        elif shared.outputs is None:
+            raise RuntimeError("fused projection called out of order: the first projection must run first")
+        out = shared.outputs[self.index]
+        if self.index == len(shared.sizes) - 1:
+            shared.outputs = None  # don't hold activations between layers
+        return out
+
+
+# (module attribute holding the group, projections in the order the model's forward calls them)
+FUSABLE = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse q/k/v and gate/up in every decoder layer; returns how many groups were fused."""
+    fused = 0
+    for layer in model.model.layers:
+        for owner_name, names in FUSABLE:
+            owner = getattr(layer, owner_name)
+            shared = SharedInputLinear([getattr(owner, n) for n in names])
+            owner.add_module(f"fused_{'_'.join(n.split('_')[0] for n in names)}", shared)
+            for i, name in enumerate(names):
+                setattr(owner, name, SliceOf(shared, i))
+            fused += 1
+    return fused

@@ -84,7 +84,8 @@ def new_record(cfg: DictConfig, job_dir: Path, overrides: list[str], job_num: in
 
     return {
         "result_id": uuid.uuid4().hex,
-        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), sel("mode")),
+        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), sel("mode"), sel("graph_steps"),
+                           sel("model.fuse_projections")),
         "job_num": job_num,
         "job_dir": str(job_dir.resolve()),
         "overrides": overrides,

@@ -6,25 +6,28 @@ On CPU, execution is synchronous and each step is timed by the host clock.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from harness.modes import Stepper
+if TYPE_CHECKING:
+    from harness.modes.base import Stepper
 
 
 @dataclass
 class DecodeTiming:
-    step_ms: list[float]  # per-step forward time: CUDA events on GPU, host clock on CPU
+    step_ms: list[float]  # per-token forward time: CUDA events on GPU, host clock on CPU
     wall_ms: float  # the whole loop on the host clock, argmax and feeding included
     clock: str  # "cuda_event" | "host"
 
     @property
-    def steps(self) -> int:
+    def tokens(self) -> int:
         return len(self.step_ms)
 
 
@@ -33,41 +36,69 @@ def feed_argmax(stepper: Stepper, logits: torch.Tensor) -> None:
     stepper.input_ids.copy_(logits.argmax(dim=-1, keepdim=True))
 
 
-def run_steps(stepper: Stepper, n: int) -> None:
-    for _ in range(n):
-        feed_argmax(stepper, stepper.step())
+def advance(stepper: Stepper) -> torch.Tensor:
+    """One call of the stepper with greedy feedback (unless its graph feeds itself)."""
+    logits = stepper.step()
+    if not stepper.feeds_itself:
+        feed_argmax(stepper, logits)
+    return logits
 
 
-def timed_decode(stepper: Stepper, n: int, device: torch.device) -> DecodeTiming:
-    if device.type == "cuda":
-        return _timed_cuda(stepper, n)
-    return _timed_host(stepper, n)
+def calls_for(stepper: Stepper, tokens: int) -> int:
+    return math.ceil(tokens / stepper.tokens_per_step)
 
 
-def _timed_cuda(stepper: Stepper, n: int) -> DecodeTiming:
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+def run_steps(stepper: Stepper, tokens: int) -> None:
+    for _ in range(calls_for(stepper, tokens)):
+        advance(stepper)
+
+
+def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeTiming:
+    calls, per_call = calls_for(stepper, tokens), stepper.tokens_per_step
+    call_ms, wall_ms, clock = (_timed_cuda if device.type == "cuda" else _timed_host)(stepper, calls)
+    step_ms = [ms / per_call for ms in call_ms for _ in range(per_call)]  # a K-step call: K tokens
+    return DecodeTiming(step_ms, wall_ms, clock)
+
+
+def _timed_cuda(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    feeds = not stepper.feeds_itself
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for start, end in zip(starts, ends):
         start.record()
         logits = stepper.step()
         end.record()
-        feed_argmax(stepper, logits)
+        if feeds:
+            feed_argmax(stepper, logits)
     torch.cuda.synchronize()  # the loop's one and only sync
     wall_ms = (time.perf_counter() - t0) * 1e3
-    return DecodeTiming([s.elapsed_time(e) for s, e in zip(starts, ends)], wall_ms, "cuda_event")
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)], wall_ms, "cuda_event"
 
 
-def _timed_host(stepper: Stepper, n: int) -> DecodeTiming:
-    step_ms = []
+def _timed_host(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
+    call_ms = []
     t0 = time.perf_counter()
-    for _ in range(n):
+    for _ in range(calls):
         s = time.perf_counter()
         logits = stepper.step()
-        step_ms.append((time.perf_counter() - s) * 1e3)
-        feed_argmax(stepper, logits)
-    return DecodeTiming(step_ms, (time.perf_counter() - t0) * 1e3, "host")
+        call_ms.append((time.perf_counter() - s) * 1e3)
+        if not stepper.feeds_itself:
+            feed_argmax(stepper, logits)
+    return call_ms, (time.perf_counter() - t0) * 1e3, "host"
+
+
+def median_call_ms(fn: Callable[[], object], calls: int) -> float:
+    """Median CUDA-event time of `calls` back-to-back calls of fn (a side measurement, not the run's)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
 def step_stats(step_ms: list[float]) -> dict[str, float]:
@@ -89,13 +120,13 @@ def step_stats(step_ms: list[float]) -> dict[str, float]:
 def decode_metrics(timing: DecodeTiming, bs: int) -> dict[str, float]:
     """Everything derived from one timed loop, as flat metric names."""
     stats = step_stats(timing.step_ms)
-    wall_per_token = timing.wall_ms / timing.steps
+    wall_per_token = timing.wall_ms / timing.tokens
     metrics = {f"step_ms_{k}": v for k, v in stats.items()}
     metrics.update(
         wall_ms_per_token=wall_per_token,
         tokens_per_s=bs * 1000.0 / stats["median"],
         tokens_per_s_wall=bs * 1000.0 / wall_per_token,
-        cpu_overhead_ms_per_token=wall_per_token - sum(timing.step_ms) / timing.steps,
+        cpu_overhead_ms_per_token=wall_per_token - sum(timing.step_ms) / timing.tokens,
         decode_wall_ms=timing.wall_ms,
     )
     return metrics

@@ -94,6 +94,7 @@ def _tags(result: dict) -> dict[str, str]:
         "job_dir": result.get("job_dir", ""),
         "harness.result_id": result["result_id"],
     })
+    tags.update(result.get("mode_tags", {}))
     if result.get("reason"):
         tags["failure_reason"] = result["reason"][:5000]
     return {k: str(v) for k, v in tags.items()}

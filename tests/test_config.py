@@ -44,7 +44,7 @@ def test_the_design_card_sweep_composes_as_written():
 
 
 @pytest.mark.parametrize("override, says", [
-    ("mode=bogus", "expected one of [eager, graphed]"),
+    ("mode=bogus", "expected one of [eager, graphed, bucketed, compiled-nograph, compiled]"),
     ("dtype=int3", "expected one of [bf16, fp16, fp32]"),
     ("bs=four", "could not be converted to Integer"),
     ("model.hidden_size=wide", "could not be converted to Integer"),

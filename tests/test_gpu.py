@@ -38,3 +38,38 @@ def test_memory_returns_to_the_post_load_baseline_between_jobs():
         assert m["mem_returned_to_baseline"] == 1.0 and m["mem_leaked_mb"] <= 0
         assert m["graph_mem_mb"] > 0 and m["peak_mem_allocated_mb"] > m["mem_baseline_mb"]
     assert second["metrics"]["mem_baseline_mb"] == pytest.approx(baseline / 2**20)
+
+
+GRAPH_MODES = ["graphed", "bucketed", "compiled-nograph", "compiled"]
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+@pytest.mark.parametrize("bs", [1, 3, 8])
+def test_every_graph_mode_matches_eager_tokens(mode, bs):
+    result = measure(run_config("model=tiny", "cache_len=256", "decode_tokens=40", f"bs={bs}", f"mode={mode}"))
+    assert "failure" not in result, result["failure"]
+    assert result["metrics"]["tokens_match"] == 1.0
+    if mode == "bucketed":
+        assert result["metrics"]["bucket"] == {1: 1, 3: 4, 8: 8}[bs]
+        assert ("padding_overhead_pct" in result["metrics"]) == (bs == 3)
+
+
+def test_the_bucket_set_shares_one_pool():
+    m = measure(run_config(*QWEN, "bs=3", "mode=bucketed", "cache_len=1024"))["metrics"]
+    print(f"set {m['bucket_set_pool_mb']:.1f} MiB, largest alone {m['largest_bucket_alone_pool_mb']:.1f} MiB")
+    assert m["pool_vs_largest_alone"] <= 1.1
+
+
+def test_four_steps_per_graph_give_the_same_tokens_as_one():
+    from harness.job import _greedy, seeded_prompt
+    from harness.modes.graphed import GraphedStepper
+
+    cfg = run_config(*QWEN, "bs=2", "mode=graphed")
+    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cuda"), 0).model
+    prompt = seeded_prompt(2, cfg.prompt_len, model.config.vocab_size, 0, torch.device("cuda"))
+    with torch.inference_mode():
+        one, _ = _greedy(GraphedStepper(model, prompt, 256, graph_steps=1), 32)
+        four, _ = _greedy(GraphedStepper(model, prompt, 256, graph_steps=4), 32)
+    assert torch.equal(one, four)
+    k4 = measure(run_config(*QWEN, "mode=graphed", "graph_steps=4"))
+    assert k4["metrics"]["tokens_match"] == 1.0

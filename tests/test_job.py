@@ -7,7 +7,8 @@ from transformers import StaticCache
 
 from harness import models
 from harness.config import ConfigError
-from harness.job import JobError, measure, prefill, seeded_prompt, verify_tokens
+from harness.job import JobError, measure, seeded_prompt, verify_tokens
+from harness.modes.base import prefill
 from harness.modes.eager import EagerStepper
 from harness.timing import step_stats
 from tests.conftest import FAST, run_config
@@ -114,10 +115,9 @@ class BiasedStepper(EagerStepper):
 def test_verification_catches_a_mode_whose_tokens_differ():
     cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32")
     model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
-    cache = StaticCache(config=model.config, max_cache_len=64)
     prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
     with torch.inference_mode():
-        same = verify_tokens(model, cache, prompt, EagerStepper(model, cache, prompt[:, :1]), 8)
-        broken = verify_tokens(model, cache, prompt, BiasedStepper(model, cache, prompt[:, :1]), 8)
+        same = verify_tokens(model, prompt, EagerStepper(model, prompt, 64), 64, 8)
+        broken = verify_tokens(model, prompt, BiasedStepper(model, prompt, 64), 64, 8)
     assert same == {"match": True, "first_mismatch": None, "max_logit_diff": 0.0}
     assert not broken["match"] and broken["first_mismatch"] == 0 and broken["max_logit_diff"] >= 1e4 - 1

@@ -77,11 +77,11 @@ def test_failures_are_recorded_and_the_rest_still_runs(workdir):
     assert by_name["tiny bs=1 cache=64 eager"].info.status == "FINISHED"
     reasons = {name: c.data.tags.get("failure_reason", "") for name, c in by_name.items()}
     assert "bs=0 is invalid" in reasons["tiny bs=0 cache=64 eager"]
-    assert "expected one of [eager, graphed]" in reasons["tiny bs=1 cache=64 bogus"]
+    assert "expected one of [eager, graphed, bucketed" in reasons["tiny bs=1 cache=64 bogus"]
     if not torch.cuda.is_available():
         assert "mode=graphed needs a CUDA GPU" in reasons["tiny bs=1 cache=64 graphed"]
         assert "1 finished, 5 failed" in proc.stdout
-    assert "expected one of [eager, graphed]" in proc.stdout  # the summary says why
+    assert "expected one of [eager, graphed, bucketed" in proc.stdout  # the summary says why
 
 
 def test_a_run_reruns_from_its_saved_hydra_config(workdir):

@@ -1,18 +1,11 @@
 from __future__ import annotations
 
-import torch
-
-from harness.modes.base import DecodeMode, forward_step
+from harness.modes.base import DecodeMode, Stepper, forward_step
 
 
-class EagerStepper:
-    graph_bytes = 0
-
-    def __init__(self, model: torch.nn.Module, cache, input_ids: torch.Tensor):
-        self.model, self.cache, self.input_ids = model, cache, input_ids.clone()
-
-    def step(self) -> torch.Tensor:
-        return forward_step(self.model, self.cache, self.input_ids)
+class EagerStepper(Stepper):
+    def step(self):
+        return forward_step(self.model, self.cache, self.static_ids)[: self.bs]
 
 
 class EagerMode(DecodeMode):
@@ -22,5 +15,5 @@ class EagerMode(DecodeMode):
     verify_against_eager = False
     prepare_phase = "prepare"
 
-    def prepare(self, model, cache, input_ids):
-        return EagerStepper(model, cache, input_ids)
+    def prepare(self, model, prompt, cfg):
+        return EagerStepper(model, prompt, cfg.cache_len)

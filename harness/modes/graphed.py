@@ -4,7 +4,7 @@ import functools
 
 import torch
 
-from harness.modes.base import DecodeMode, forward_step
+from harness.modes.base import DecodeMode, Stepper, forward_step
 
 SIDE_STREAM_WARMUP = 3  # as the article: lazy init (cuBLAS workspace, kernels) must happen before capture
 
@@ -27,7 +27,7 @@ def warm_up_on_side_stream(fn, steps: int = SIDE_STREAM_WARMUP) -> None:
 
 def capture(fn, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, int]:
     """Capture fn into a graph; returns the graph, fn's output (a static buffer) and the bytes the
-    capture added to the reserved pool (the graph's own memory)."""
+    capture added to the reserved memory (the graph's own pool, or its growth of a shared one)."""
     graph = torch.cuda.CUDAGraph()
     before = torch.cuda.memory_reserved()
     with torch.cuda.graph(graph, pool=pool):
@@ -35,9 +35,28 @@ def capture(fn, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, int]:
     return graph, out, torch.cuda.memory_reserved() - before
 
 
-class GraphedStepper:
-    def __init__(self, graph: torch.cuda.CUDAGraph, input_ids: torch.Tensor, logits: torch.Tensor, graph_bytes: int):
-        self.graph, self.input_ids, self.logits, self.graph_bytes = graph, input_ids, logits, graph_bytes
+class GraphedStepper(Stepper):
+    """`graph_steps` decode steps in one graph. With one step the host feeds the argmax back, as in
+    the article; with more, argmax and feeding are captured too, so a token costs no host work."""
+
+    def __init__(self, model, prompt, cache_len, graph_steps: int = 1, rows: int | None = None, pool=None):
+        super().__init__(model, prompt, cache_len, rows)
+        self.tokens_per_step, self.feeds_itself = graph_steps, graph_steps > 1
+        if self.feeds_itself:
+            self.tokens = torch.zeros(graph_steps, self.bs, dtype=torch.long, device=prompt.device)
+        fn = self._k_steps if self.feeds_itself else self._one_step
+        warm_up_on_side_stream(fn)
+        self.graph, self.logits, self.graph_bytes = capture(fn, pool)
+
+    def _one_step(self) -> torch.Tensor:
+        return forward_step(self.model, self.cache, self.static_ids)[: self.bs]
+
+    def _k_steps(self) -> torch.Tensor:
+        for k in range(self.tokens_per_step):
+            logits = forward_step(self.model, self.cache, self.static_ids)
+            self.static_ids.copy_(logits.argmax(dim=-1, keepdim=True))
+            self.tokens[k].copy_(self.static_ids[: self.bs, 0])
+        return logits[: self.bs]
 
     def step(self) -> torch.Tensor:
         self.graph.replay()
@@ -45,15 +64,11 @@ class GraphedStepper:
 
 
 class GraphedMode(DecodeMode):
-    """One decode step captured into a torch.cuda.CUDAGraph over static input/output buffers,
-    replayed once per token: the article's section-6 method."""
+    """Decode steps captured into a torch.cuda.CUDAGraph over static input/output buffers and
+    replayed once per token (graph_steps=1: the article's section-6 method)."""
 
     name = "graphed"
     needs_cuda = True
 
-    def prepare(self, model, cache, input_ids):
-        static_ids = input_ids.clone()
-        step = functools.partial(forward_step, model, cache, static_ids)
-        warm_up_on_side_stream(step)
-        graph, logits, graph_bytes = capture(step)
-        return GraphedStepper(graph, static_ids, logits, graph_bytes)
+    def prepare(self, model, prompt, cfg):
+        return GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps)

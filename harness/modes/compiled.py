@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import shutil
+import time
+import weakref
+
+import torch
+
+from harness.config import COMPILE_MODES
+from harness.modes.base import DecodeMode, Stepper, forward_step
+
+COMPILE_WARMUP = 3  # calls before timing: the first compiles, the next record CUDA graphs
+_compiled: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: torch.nn.Module, compile_mode: str):
+    """One compiled decode step per (model, compile mode) for the whole process, so that later jobs
+    of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
+    per_model = _compiled.setdefault(model, {})
+    if compile_mode not in per_model:
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does
+        per_model[compile_mode] = torch.compile(forward_step, mode=compile_mode, dynamic=False)
+    return per_model[compile_mode]
+
+
+class CompiledStepper(Stepper):
+    def __init__(self, model, prompt, cache_len, compile_mode: str, mark_steps: bool):
+        super().__init__(model, prompt, cache_len)
+        torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
+        self.fn, self.mark_steps = compiled_step(model, compile_mode), mark_steps
+        start = time.perf_counter()
+        for _ in range(COMPILE_WARMUP):
+            self.step()
+        torch.cuda.synchronize() if prompt.is_cuda else None
+        self.metrics["compile_ms"] = (time.perf_counter() - start) * 1e3
+
+    def step(self):
+        if self.mark_steps:  # the last step's outputs may be overwritten: we took its argmax already
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.fn(self.model, self.cache, self.static_ids)
+
+
+class CompiledMode(DecodeMode):
+    """torch.compile(mode="reduce-overhead"): Inductor's fused kernels replayed from CUDA graphs,
+    the route Hugging Face recommends for static-cache decode."""
+
+    name = "compiled"
+    needs_cuda = True
+    prepare_phase = "compile"
+
+    def check(self, device):
+        return super().check(device) or _compiler_missing(device)
+
+    def prepare(self, model, prompt, cfg):
+        compile_mode = cfg.compile_mode or COMPILE_MODES[self.name][0]
+        stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode,
+                                  mark_steps=compile_mode in ("reduce-overhead", "max-autotune"))
+        stepper.tags["compile_mode"] = compile_mode
+        return stepper
+
+
+class CompiledNoGraphMode(CompiledMode):
+    """Inductor's fused kernels launched one by one: fusion without CUDA graphs."""
+
+    name = "compiled-nograph"
+    needs_cuda = False
+
+
+def _compiler_missing(device: torch.device) -> str | None:
+    """Inductor needs Triton on a GPU, a C++ compiler on a CPU."""
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "compiled modes need Triton for Inductor's GPU kernels, and it is not installed"
+        return None
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return "compiled modes on CPU need a C++ compiler for Inductor (none of g++, c++, clang++ is on PATH)"
+    return None

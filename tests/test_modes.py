@@ -1,0 +1,124 @@
+"""Issue 3's modes on CPU: bucket choice and padding, config checks, fused projections, Inductor."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import models
+from harness.config import ConfigError
+from harness.job import JobError, measure, seeded_prompt
+from harness.modes import MODES
+from harness.modes.base import pad_rows
+from harness.modes.bucketed import pick_bucket
+from harness.modes.eager import EagerStepper
+from harness.timing import run_steps
+from tests.conftest import FAST, run_config
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_model_cache():
+    models.release_models()
+    yield
+    models.release_models()
+
+
+@pytest.mark.parametrize("bs, bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (32, 32), (33, None)])
+def test_a_batch_replays_the_smallest_bucket_that_holds_it(bs, bucket):
+    assert pick_bucket([1, 2, 4, 8, 16, 32], bs) == bucket
+
+
+def test_padding_rows_are_added_and_real_rows_kept():
+    prompt = torch.arange(6).reshape(3, 2)
+    padded = pad_rows(prompt, 4)
+    assert padded.shape == (4, 2) and torch.equal(padded[:3], prompt) and padded[3].sum() == 0
+    assert pad_rows(prompt, 3) is prompt
+
+
+def test_padded_rows_do_not_change_the_real_rows_tokens():
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=3")
+    model = models.get_model(cfg.model, "fp32", "sdpa", CPU, 0).model
+    prompt = seeded_prompt(3, 8, model.config.vocab_size, 0, CPU)
+    with torch.inference_mode():
+        exact, padded = EagerStepper(model, prompt, 64), EagerStepper(model, prompt, 64, rows=4)
+        assert padded.input_ids.shape == (3, 1) and padded.static_ids.shape == (4, 1)
+        for stepper in (exact, padded):
+            run_steps(stepper, 6)
+        assert torch.equal(exact.input_ids, padded.input_ids)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["buckets=[]"], "buckets=[] is invalid: give at least one batch size"),
+    (["buckets=[4,2,8]"], "buckets=[4, 2, 8] is invalid: list them in increasing order without repeats, e.g. [2, 4, 8]"),
+    (["buckets=[1,1,2]"], "in increasing order without repeats"),
+    (["buckets=[0,2]"], "buckets=[0, 2] is invalid: every bucket must be >= 1"),
+    (["graph_steps=0", "mode=graphed"], "graph_steps=0 is invalid"),
+    (["graph_steps=4", "mode=eager"], "graph_steps=4 applies to mode=graphed or mode=bucketed only, not mode=eager"),
+    (["compile_mode=max-autotune", "mode=compiled-nograph"],
+     "compile_mode=max-autotune is invalid for mode=compiled-nograph: use one of default, max-autotune-no-cudagraphs"),
+    (["compile_mode=default", "mode=graphed"], "only the compiled modes take it"),
+])
+def test_graph_options_are_checked(overrides, says):
+    with pytest.raises(ConfigError) as err:
+        run_config(*overrides)
+    assert says in str(err.value)
+
+
+def test_cache_len_counts_whole_replays_of_graph_steps():
+    # 16 prompt + warmup 10 -> 3 replays of 4 (12) + decode 130 -> 33 replays (132) = 160
+    ok = ["graph_steps=4", "mode=graphed", "prompt_len=16", "warmup=10", "decode_tokens=130"]
+    assert run_config(*ok, "cache_len=160").cache_len == 160
+    with pytest.raises(ConfigError, match="in whole replays of graph_steps=4, = 160 tokens must fit; use cache_len>=160"):
+        run_config(*ok, "cache_len=159")
+
+
+def test_every_mode_is_in_the_schema():
+    for name in MODES:
+        assert run_config(f"mode={name}").mode.value == name
+
+
+@pytest.mark.parametrize("mode", ["graphed", "bucketed", "compiled"])
+def test_graph_modes_without_cuda_fail_on_their_own(mode):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(JobError, match=f"mode={mode} needs a CUDA GPU"):
+        measure(run_config(*FAST, f"mode={mode}"))
+
+
+def test_compiled_nograph_without_a_compiler_says_so(monkeypatch):
+    monkeypatch.setattr("harness.modes.compiled.shutil.which", lambda name: None)
+    with pytest.raises(JobError, match="need a C\\+\\+ compiler for Inductor"):
+        measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu"))
+
+
+@pytest.mark.parametrize("dtype, tol", [("fp32", 1e-4), ("bf16", 0.1)])
+def test_fused_projections_match_the_unfused_model(dtype, tol):
+    plain_cfg = run_config(*FAST, "device=cpu", f"dtype={dtype}").model
+    fused_cfg = run_config(*FAST, "device=cpu", f"dtype={dtype}", "model.fuse_projections=true").model
+    plain = models._load(plain_cfg, models.DTYPES[dtype], "sdpa", CPU, seed=0)[0]
+    fused = models._load(fused_cfg, models.DTYPES[dtype], "sdpa", CPU, seed=0)[0]
+    assert models.fuse_projections(fused) == 2 * 2  # q/k/v and gate/up in each of 2 layers
+    attn = fused.model.layers[0].self_attn
+    assert attn.fused_q_k_v.fused.out_features == attn.config.num_attention_heads * 16 + 2 * 2 * 16
+    prompt = seeded_prompt(2, 8, plain.config.vocab_size, 0, CPU)
+    with torch.inference_mode():
+        a, b = plain(prompt).logits.float(), fused(prompt).logits.float()
+    assert torch.allclose(a, b, atol=tol, rtol=0), (a - b).abs().max()
+    n_linear = lambda m: sum(isinstance(x, torch.nn.Linear) for x in m.modules())  # noqa: E731
+    assert n_linear(fused) == n_linear(plain) - 3 * 2  # 5 linears became 2, in each layer
+
+
+def test_fused_model_decodes_the_same_tokens():
+    plain = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2"))
+    models.release_models()
+    fused = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.fuse_projections=true"))
+    assert fused["architecture"]["parameters"] == plain["architecture"]["parameters"]
+
+
+def test_compiled_nograph_runs_on_cpu_and_matches_eager():
+    result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32"))
+    assert "failure" not in result
+    m = result["metrics"]
+    assert m["tokens_match"] == 1.0 and m["compile_ms"] > 0
+    assert len(result["step_ms"]) == 8
