@@ -17,6 +17,7 @@ from harness.timing import advance, decode_metrics, run_steps, stopwatch, timed_
 
 VERIFY_TOKENS = 32  # graph modes must reproduce eager's first 32 greedy tokens
 VERIFY_LOGIT_ROWS = 8  # rows whose logits are kept for the max |difference| (rows are independent)
+INEXACT_LOGIT_TOLERANCE = 0.05  # an inexact mode's logits may differ by this fraction of their scale
 MiB = 1024 * 1024
 
 
@@ -73,10 +74,13 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     if mode.verify_against_eager:
         on_phase("verify")
         with stopwatch(device, metrics, "verify_ms"):
-            check = verify_tokens(model, prompt, stepper, cfg.cache_len, min(VERIFY_TOKENS, cfg.decode_tokens))
-        metrics.update(tokens_match=float(check["match"]), max_logit_diff=check["max_logit_diff"])
+            check = verify_tokens(model, prompt, stepper, cfg.cache_len, min(VERIFY_TOKENS, cfg.decode_tokens),
+                                  exact=mode.exact)
+        metrics.update(tokens_match=float(check["match"]), token_agreement=check["token_agreement"],
+                       max_logit_diff=check["max_logit_diff"])
         if not check["match"]:
-            result["failure"] = (f"{mode.name} tokens differ from eager's at step {check['first_mismatch']} "
+            how = "" if mode.exact else " beyond rounding (eager's tokens fed)"
+            result["failure"] = (f"{mode.name} tokens differ from eager's{how} at step {check['first_mismatch']} "
                                  f"(max |logit diff| {check['max_logit_diff']:.4g})")
     return result
 
@@ -86,25 +90,41 @@ def seeded_prompt(bs: int, prompt_len: int, vocab: int, seed: int, device: torch
     return torch.randint(0, vocab, (bs, prompt_len), generator=generator).to(device)
 
 
-def verify_tokens(model, prompt: torch.Tensor, stepper: Stepper, cache_len: int, n: int) -> dict:
-    """Decode n greedy tokens with the mode's stepper, then with plain eager calls, and compare."""
-    stepper.restart(prompt)
-    tokens, logits = _greedy(stepper, n)
+def verify_tokens(model, prompt: torch.Tensor, stepper: Stepper, cache_len: int, n: int, exact: bool = True) -> dict:
+    """Compare n greedy tokens of the mode's stepper with those of plain eager calls.
+
+    Exact modes decode freely and must reproduce eager's tokens. Inexact ones (compiled: other
+    kernels, other rounding) are fed eager's tokens at every step, so that one near-tie flip does not
+    derail the rest; a differing token is tolerated only where eager's top-2 logits are closer than
+    twice the largest logit difference measured (a tie that rounding can flip).
+    """
     reference = EagerStepper(model, prompt, cache_len)
-    eager_tokens, eager_logits = _greedy(reference, n)
+    eager_tokens, eager_logits, eager_gaps = _greedy(reference, n)
     del reference  # its cache
-    mismatch = (tokens != eager_tokens).any(dim=1).nonzero()
-    diffs = [(logits[i].float() - eager_logits[i].float()).abs().max() for i in logits]
+    stepper.restart(prompt)
+    tokens, logits, _ = _greedy(stepper, n, forced=None if exact else eager_tokens)
+    differs = tokens != eager_tokens
+    steps = sorted(set(logits) & set(eager_logits))
+    delta = float(torch.stack([(logits[i].float() - eager_logits[i].float()).abs().max() for i in steps]).max())
+    scale = float(torch.stack([eager_logits[i].float().abs().max() for i in steps]).max())
+    if exact:
+        ok = not bool(differs.any())
+    else:
+        ok = bool((eager_gaps[differs] <= 2 * delta).all()) and delta <= INEXACT_LOGIT_TOLERANCE * scale
+    mismatch = differs.any(dim=1).nonzero()
     return {
-        "match": mismatch.numel() == 0,
+        "match": ok,
+        "token_agreement": float((~differs).float().mean()),
         "first_mismatch": int(mismatch[0]) if mismatch.numel() else None,
-        "max_logit_diff": float(torch.stack(diffs).max()),
+        "max_logit_diff": delta,
     }
 
 
-def _greedy(stepper: Stepper, n: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """n greedy tokens [n, bs], and the logits of the first rows at every step that exposes them."""
+def _greedy(stepper: Stepper, n: int, forced: torch.Tensor | None = None):
+    """n greedy tokens [n, bs]; the logits of the first rows at every step that exposes them; and the
+    gap between the top-2 logits of every row [n, bs]. With `forced`, those tokens are fed instead."""
     tokens = torch.empty(n, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
+    gaps = torch.empty(n, stepper.bs, device=stepper.input_ids.device)
     logits, done = {}, 0
     while done < n:
         out = advance(stepper)
@@ -112,8 +132,12 @@ def _greedy(stepper: Stepper, n: int) -> tuple[torch.Tensor, dict[int, torch.Ten
         tokens[done:done + k].copy_(stepper.tokens[:k])
         if k == stepper.tokens_per_step:
             logits[done + k - 1] = out[:VERIFY_LOGIT_ROWS].clone()
+            top2 = out.float().topk(2, dim=-1).values
+            gaps[done + k - 1].copy_(top2[:, 0] - top2[:, 1])
+        if forced is not None:
+            stepper.input_ids.copy_(forced[done][:, None])
         done += k
-    return tokens, logits
+    return tokens, logits, gaps
 
 
 def _architecture(model: torch.nn.Module) -> dict:

@@ -60,6 +60,9 @@ class DecodeMode:
     needs_cuda: ClassVar[bool] = False
     # Modes other than plain eager prove themselves: their first greedy tokens must equal eager's.
     verify_against_eager: ClassVar[bool] = True
+    # Exact modes run eager's very kernels, so greedy decode must reproduce eager's tokens bit for bit.
+    # Inexact ones (other kernels, other rounding) are fed eager's tokens and must agree within rounding.
+    exact: ClassVar[bool] = True
     prepare_phase: ClassVar[str] = "capture"  # what prepare() does, for the progress line
 
     def check(self, device: torch.device) -> str | None:

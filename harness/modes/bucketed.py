@@ -41,7 +41,8 @@ class BucketedMode(DecodeMode):
         graphs, capture_ms = {}, {}
         for size in sorted(buckets, reverse=True):  # largest first: smaller graphs reuse its blocks
             start = time.perf_counter()
-            graphs[size] = GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps, rows=size, pool=pool)
+            rows_prompt = prompt[:size] if size < bs else prompt  # a smaller bucket serves a smaller batch
+            graphs[size] = GraphedStepper(model, rows_prompt, cfg.cache_len, cfg.graph_steps, rows=size, pool=pool)
             torch.cuda.synchronize()
             capture_ms[size] = (time.perf_counter() - start) * 1e3
         stepper = graphs[bucket]
@@ -63,11 +64,12 @@ class BucketedMode(DecodeMode):
     @staticmethod
     def _largest_alone(model, prompt, cfg) -> int:
         """The pool of the largest bucket captured on its own, to price the rest of the set."""
-        alone = GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps, rows=max(cfg.buckets))
-        size = alone.graph_bytes
+        size = max(cfg.buckets)
+        alone = GraphedStepper(model, prompt[:size], cfg.cache_len, cfg.graph_steps, rows=size)
+        pool_bytes = alone.graph_bytes
         del alone
         torch.cuda.empty_cache()
-        return size
+        return pool_bytes
 
     @staticmethod
     def _padding_overhead(model, prompt, cfg, bucket_stepper) -> float:

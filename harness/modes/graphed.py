@@ -47,6 +47,7 @@ class GraphedStepper(Stepper):
         fn = self._k_steps if self.feeds_itself else self._one_step
         warm_up_on_side_stream(fn)
         self.graph, self.logits, self.graph_bytes = capture(fn, pool)
+        self.restart(prompt)  # warm-up advanced the cache: leave the stepper just prefilled
 
     def _one_step(self) -> torch.Tensor:
         return forward_step(self.model, self.cache, self.static_ids)[: self.bs]
