@@ -57,7 +57,8 @@ def test_every_graph_mode_matches_eager_tokens(mode, bs):
 def test_the_bucket_set_shares_one_pool():
     m = measure(run_config(*QWEN, "bs=3", "mode=bucketed", "cache_len=1024"))["metrics"]
     print(f"set {m['bucket_set_pool_mb']:.1f} MiB, largest alone {m['largest_bucket_alone_pool_mb']:.1f} MiB")
-    assert m["pool_vs_largest_alone"] <= 1.1
+    assert m["largest_bucket_alone_pool_mb"] > 0
+    assert m["largest_bucket_alone_pool_mb"] <= m["bucket_set_pool_mb"] <= 1.1 * m["largest_bucket_alone_pool_mb"]
 
 
 def test_four_steps_per_graph_give_the_same_tokens_as_one():
@@ -68,8 +69,8 @@ def test_four_steps_per_graph_give_the_same_tokens_as_one():
     model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cuda"), 0).model
     prompt = seeded_prompt(2, cfg.prompt_len, model.config.vocab_size, 0, torch.device("cuda"))
     with torch.inference_mode():
-        one, _ = _greedy(GraphedStepper(model, prompt, 256, graph_steps=1), 32)
-        four, _ = _greedy(GraphedStepper(model, prompt, 256, graph_steps=4), 32)
+        one = _greedy(GraphedStepper(model, prompt, 256, graph_steps=1), 32)[0]
+        four = _greedy(GraphedStepper(model, prompt, 256, graph_steps=4), 32)[0]
     assert torch.equal(one, four)
     k4 = measure(run_config(*QWEN, "mode=graphed", "graph_steps=4"))
     assert k4["metrics"]["tokens_match"] == 1.0

@@ -29,8 +29,8 @@ def capture(fn, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, int]:
     """Capture fn into a graph; returns the graph, fn's output (a static buffer) and the bytes the
     capture added to the reserved memory (the graph's own pool, or its growth of a shared one)."""
     graph = torch.cuda.CUDAGraph()
-    before = torch.cuda.memory_reserved()
     with torch.cuda.graph(graph, pool=pool):
+        before = torch.cuda.memory_reserved()  # read inside: entering the capture empties the cache first
         out = fn()
     return graph, out, torch.cuda.memory_reserved() - before
 
