@@ -1,6 +1,8 @@
-"""`python -m harness [overrides]` / `harness [overrides]`: one Hydra job per call, or a sweep with -m."""
+"""`python -m harness [overrides]` / `harness [overrides]`: one Hydra job per call, or a sweep with -m.
+`harness rerun|sync|ui ...`: the subcommands in cli.py."""
 from __future__ import annotations
 
+import signal
 import sys
 
 import hydra
@@ -15,9 +17,28 @@ def _job(cfg: DictConfig) -> dict:
     return sweep.run_job(cfg)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main() -> None:
-    _job()
+    if len(sys.argv) > 1 and sys.argv[1] in _commands():
+        from harness import cli
+
+        sys.exit(cli.main(sys.argv[1:]))
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends runs KILLED, as Ctrl-C does
+    try:
+        _job()
+    except KeyboardInterrupt:
+        print("[harness] interrupted: the current run and its sweep are recorded KILLED", file=sys.stderr)
+        sys.exit(130)
     sys.exit(sweep.exit_status())
+
+
+def _commands() -> tuple[str, ...]:
+    from harness.cli import COMMANDS
+
+    return COMMANDS
 
 
 if __name__ == "__main__":

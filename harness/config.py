@@ -6,6 +6,8 @@ wrong type or an unknown enum value is caught by Hydra itself. Checks that relat
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -107,6 +109,7 @@ class RunConfig:
     buckets: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # mode=bucketed's capture sizes
     graph_steps: int = 1  # decode steps per graph replay; >1 captures argmax and feeding too
     compile_mode: Optional[str] = None  # torch.compile mode for the compiled modes; None: the mode's default
+    resume: bool = False  # skip a job whose identical config already has a FINISHED run in the store
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -146,6 +149,16 @@ class RunConfig:
     def label(self) -> str:
         return run_label(self.model.name, self.bs, self.cache_len, self.mode.value, self.graph_steps,
                          self.model.fuse_projections)
+
+
+# Keys that say where a run is stored or how it is scheduled, not what it measures.
+NOT_IDENTITY = ("tracking", "resume")
+
+
+def config_hash(config: dict) -> str:
+    """A job's identity: the hash of its resolved config, less where it is stored."""
+    identity = {k: v for k, v in config.items() if k not in NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _round_up(n: int, k: int) -> int:

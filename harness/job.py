@@ -5,6 +5,8 @@ Pure measurement: no Hydra, no MLflow. The result is a plain dict; the caller st
 from __future__ import annotations
 
 import gc
+import os
+import signal
 from typing import Callable
 
 import torch
@@ -35,10 +37,31 @@ def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None
     on_phase("build")
     loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn.value, device, cfg.seed)
     memory = MemoryProbe(device)
-    with torch.inference_mode():
-        result = _decode(cfg, loaded, mode, device, on_phase)
-    result["metrics"].update(memory.after_release())
+    oom = None
+    try:
+        inject_fault(cfg)
+        with torch.inference_mode():
+            result = _decode(cfg, loaded, mode, device, on_phase)
+    except torch.OutOfMemoryError as err:
+        oom = str(err).splitlines()[0]  # keep the text only: the traceback would pin the job's tensors
+    released = memory.after_release()
+    if oom is not None:
+        back = "yes" if released.get("mem_returned_to_baseline", 1.0) == 1.0 else "NO"
+        raise JobError(f"out of memory at bs={cfg.bs} cache_len={cfg.cache_len} mode={cfg.mode.value} "
+                       f"({oom}); memory back at the post-load baseline: {back}")
+    result["metrics"].update(released)
     return result
+
+
+def inject_fault(cfg: RunConfig) -> None:
+    """Test hook: HARNESS_INJECT_FAULT=oom:LABEL or sigkill:LABEL hits the job whose label contains LABEL."""
+    kind, _, where = os.environ.get("HARNESS_INJECT_FAULT", "").partition(":")
+    if not kind or where not in cfg.label:
+        return
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"injected by HARNESS_INJECT_FAULT for {cfg.label}")
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase) -> dict:

@@ -9,8 +9,11 @@ import json
 import os
 from pathlib import Path
 
+import yaml
+
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
+CONFIG_FILE = "config.yaml"  # the resolved config: `python -m harness --config-path DIR --config-name config`
 
 
 class ResultFileError(ValueError):
@@ -20,6 +23,8 @@ class ResultFileError(ValueError):
 def write(job_dir: Path, result: dict) -> Path:
     """Atomically (write, then rename) so a killed job never leaves half a file."""
     job_dir.mkdir(parents=True, exist_ok=True)
+    if result.get("config"):
+        (job_dir / CONFIG_FILE).write_text(yaml.safe_dump(result["config"], sort_keys=False))
     if result.get("step_ms"):
         with open(job_dir / STEPS_FILE, "w", newline="") as f:
             writer = csv.writer(f)

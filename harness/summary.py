@@ -36,7 +36,7 @@ def table(results: list[dict], title: str) -> Table:
             f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
             f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
             f"{speedup[r['result_id']]:.2f}x" if r.get("result_id") in speedup else "-",
-            "" if ok else (r.get("reason") or ""),
+            "" if ok else _short(r.get("reason") or ""),
         )))
     return t
 
@@ -52,10 +52,19 @@ def time_breakdown(results: list[dict], wall_s: float | None = None) -> str:
     return f"time: {head}in jobs: {parts}"
 
 
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def print_summary(results: list[dict], title: str, ui_hint: str, wall_s: float | None = None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table(results, title))
-    failed = [r for r in results if r.get("status") != "FINISHED"]
-    done = len(results) - len(failed)
+    for r in results:
+        if r.get("status") not in ("FINISHED", "SKIPPED"):
+            console.print(f"{r.get('status')}: {r.get('label')}: {r.get('reason')}", markup=False, highlight=False,
+                          soft_wrap=True)
+    count = lambda *s: sum(r.get("status") in s for r in results)  # noqa: E731
     console.print(time_breakdown(results, wall_s), markup=False, highlight=False)
-    console.print(f"{done} finished, {len(failed)} failed. Browse: {ui_hint}", markup=False, highlight=False)
+    skipped = f", {count('SKIPPED')} skipped (resume)" if count("SKIPPED") else ""
+    console.print(f"{count('FINISHED')} finished, {len(results) - count('FINISHED', 'SKIPPED')} failed{skipped}. "
+                  f"Browse: {ui_hint}", markup=False, highlight=False)

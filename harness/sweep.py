@@ -8,9 +8,11 @@ result files, which any launcher leaves in the sweep folder.
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness import results, tracking
-from harness.config import ConfigError, RunConfig, run_label, to_run_config
+from harness.config import ConfigError, RunConfig, config_hash, run_label, to_run_config
 from harness.job import JobError, measure
 from harness.progress import say
 from harness.summary import print_summary
@@ -45,39 +47,84 @@ def compose_run_config(*overrides: str) -> RunConfig:
     return to_run_config(compose_config(*overrides))
 
 
+@dataclass
+class JobContext:
+    """Where one job's record goes: its folder, its store, its parent run."""
+
+    job_dir: Path
+    uri: str
+    experiment: str
+    parent: str | None
+    job_num: int | None = 0
+    overrides: list[str] = field(default_factory=list)
+    progress: str = "run"  # the prefix of its progress lines
+    tags: dict[str, str] = field(default_factory=dict)  # extra run tags (rerun_of, ...)
+
+
 def run_job(cfg: DictConfig) -> dict:
+    """The Hydra task: one job of a run or a sweep."""
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     sweep = read_sweep_file(Path(hc.sweep.dir)) if multirun else {}
-    record = new_record(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task),
-                        hc.job.num if multirun else 0)
     uri = sweep.get("tracking_uri") or tracking.resolve_uri(OmegaConf.select(cfg, "tracking.uri"))
     experiment = sweep.get("experiment") or OmegaConf.select(cfg, "tracking.experiment", default="harness")
-    parent = sweep.get("parent_run_id") if multirun else _open_parent(uri, experiment, f"run {record['label']}",
-                                                                      {"run_dir": record["job_dir"]})
+    ctx = JobContext(Path(hc.runtime.output_dir), uri, experiment, sweep.get("parent_run_id"),
+                     hc.job.num if multirun else 0, list(hc.overrides.task))
+    if os.environ.get("HARNESS_RERUN_OF"):
+        ctx.tags["rerun_of"] = os.environ["HARNESS_RERUN_OF"]
+    if not multirun:
+        return run_single(cfg, ctx)
     of = f"/{sweep['n_jobs']}" if sweep.get("n_jobs") else ""
-    prefix = f"job {record['job_num'] + 1}{of}" if multirun else "run"
+    ctx.progress = f"job {ctx.job_num + 1}{of}"
+    return execute(cfg, ctx)
 
+
+def run_single(cfg: DictConfig, ctx: JobContext) -> dict:
+    """A run outside a sweep gets a parent of its own, and the summary a sweep would print."""
+    tracking.mark_abandoned_quietly(ctx.uri, ctx.experiment)
+    label = new_record(cfg, ctx)["label"]
+    ctx.parent = _open_parent(ctx.uri, ctx.experiment, f"run {label}", {"run_dir": str(ctx.job_dir.resolve())})
+    try:
+        outcome = execute(cfg, ctx)
+    except KeyboardInterrupt:
+        _close_parent(ctx.uri, ctx.parent, status="KILLED")
+        raise
+    _close_parent(ctx.uri, ctx.parent, status="FINISHED" if outcome["status"] in ("FINISHED", "SKIPPED") else "FAILED")
+    print_summary([results.read(ctx.job_dir / results.RESULT_FILE)], f"run {ctx.job_dir}", tracking.ui_command(ctx.uri))
+    return outcome
+
+
+def execute(cfg: DictConfig, ctx: JobContext) -> dict:
+    record = new_record(cfg, ctx)
+    say_ = lambda msg: say(f"{ctx.progress} {record['label']}: {msg}")  # noqa: E731
     try:
         run_cfg = to_run_config(cfg)
-        measured = measure(run_cfg, on_phase=lambda phase: say(f"{prefix} {record['label']}: {phase}"))
+        record["config_hash"] = config_hash(record["config"])
+        if run_cfg.resume and (done := tracking.find_finished(ctx.uri, ctx.experiment, record["config_hash"])):
+            record.update(status="SKIPPED", reason=f"resume: run {done} already FINISHED with this config")
+            results.write(ctx.job_dir, record)
+            say_(f"skipped, {record['reason']}")
+            return {"status": "SKIPPED"}
+        measured = measure(run_cfg, on_phase=say_)
         reason = measured.pop("failure", None)
         record.update(measured, status="FAILED" if reason else "FINISHED", reason=reason)
     except (ConfigError, JobError) as err:
         record.update(status="FAILED", reason=str(err))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: record this job KILLED, then let the sweep stop
+        record.update(status="KILLED", reason="interrupted (SIGINT or SIGTERM)")
+        finish(record, ctx)
+        _close_parent(ctx.uri, ctx.parent, status="KILLED")
+        raise
     except Exception as err:  # anything else: keep the traceback beside the result, not on screen
         record.update(status="FAILED", reason=f"{type(err).__name__}: {err}".splitlines()[0])
-        (Path(record["job_dir"]) / "error.log").write_text(traceback.format_exc())
-    finish(record, uri, experiment, parent)
-    say(f"{prefix} {record['label']}: {_outcome(record)}")
-
-    if not multirun:
-        _close_parent(uri, parent, [record])
-        print_summary([record], f"run {record['job_dir']}", tracking.ui_command(uri))
+        ctx.job_dir.mkdir(parents=True, exist_ok=True)
+        (ctx.job_dir / "error.log").write_text(traceback.format_exc())
+    finish(record, ctx)
+    say_(_outcome(record))
     return {"status": record["status"], "reason": record.get("reason")}
 
 
-def new_record(cfg: DictConfig, job_dir: Path, overrides: list[str], job_num: int | None) -> dict:
+def new_record(cfg: DictConfig, ctx: JobContext) -> dict:
     def sel(key: str):
         value = OmegaConf.select(cfg, key, default="?", throw_on_missing=False)
         return getattr(value, "value", value)  # enums by their value
@@ -86,52 +133,55 @@ def new_record(cfg: DictConfig, job_dir: Path, overrides: list[str], job_num: in
         "result_id": uuid.uuid4().hex,
         "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), sel("mode"), sel("graph_steps"),
                            sel("model.fuse_projections")),
-        "job_num": job_num,
-        "job_dir": str(job_dir.resolve()),
-        "overrides": overrides,
+        "job_num": ctx.job_num,
+        "job_dir": str(ctx.job_dir.resolve()),
+        "overrides": ctx.overrides,
+        "tracking_uri": tracking.redact(ctx.uri),
+        "experiment": ctx.experiment,
+        "parent_run_id": ctx.parent,
+        "tags": dict(ctx.tags),
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=False),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def finish(record: dict, uri: str, experiment: str, parent: str | None) -> None:
+def finish(record: dict, ctx: JobContext) -> None:
     """result.json first, then the store; a store failure costs nothing but a warning."""
     global _failures
-    _failures += record["status"] != "FINISHED"
-    job_dir = Path(record["job_dir"])
-    results.write(job_dir, record)
+    _failures += record["status"] not in ("FINISHED", "SKIPPED")
+    results.write(ctx.job_dir, record)
     try:
-        record["mlflow_run_id"] = tracking.log_job(uri, experiment, parent, record, job_dir)
+        record["mlflow_run_id"] = tracking.log_job(ctx.uri, ctx.experiment, ctx.parent, record, ctx.job_dir)
     except Exception as err:  # noqa: BLE001 - the store is optional, the result file is not
-        say(f"warning: could not log {record['label']} to {uri} ({type(err).__name__}: {err}); "
-            f"its result is kept in {job_dir / results.RESULT_FILE}")
+        say(f"warning: could not log {record['label']} to {tracking.redact(ctx.uri)} ({type(err).__name__}: "
+            f"{str(err)[:200]}); its result is kept in {ctx.job_dir / results.RESULT_FILE} for `harness sync`")
         return
-    results.write(job_dir, record)
+    results.write(ctx.job_dir, record)
 
 
 def _outcome(record: dict) -> str:
     if record["status"] == "FINISHED":
         m = record["metrics"]
         return f"done, median {m['step_ms_median']:.3f} ms/step, {m['wall_ms_per_token']:.3f} ms/token wall"
-    return f"FAILED: {record['reason']}"
+    return f"{record['status']}: {record['reason']}"
 
 
 def _open_parent(uri: str, experiment: str, name: str, tags: dict) -> str | None:
     try:
         return tracking.start_parent(uri, experiment, name, tags)
     except Exception as err:  # noqa: BLE001
-        say(f"warning: tracking store {uri} unavailable ({type(err).__name__}: {err}); results stay on disk")
+        say(f"warning: tracking store {tracking.redact(uri)} unavailable ({type(err).__name__}: {str(err)[:200]}); "
+            "results stay on disk")
         return None
 
 
-def _close_parent(uri: str, parent: str | None, records: list[dict]) -> None:
+def _close_parent(uri: str, parent: str | None, status: str) -> None:
     if parent is None:
         return
-    ok = all(r.get("status") == "FINISHED" for r in records)
     try:
-        tracking.end_run(uri, parent, "FINISHED" if ok else "FAILED")
+        tracking.end_run(uri, parent, status)
     except Exception as err:  # noqa: BLE001
-        say(f"warning: could not close parent run {parent} ({type(err).__name__}: {err})")
+        say(f"warning: could not close parent run {parent} ({type(err).__name__}: {str(err)[:200]})")
 
 
 def read_sweep_file(sweep_dir: Path) -> dict:
@@ -149,15 +199,26 @@ def record_rejected(sweep_cfg: DictConfig, overrides: list[str], reason: str, in
     """A job whose overrides Hydra refused to compose: recorded FAILED with Hydra's own message."""
     sweep_dir = Path(sweep_cfg.hydra.sweep.dir)
     sweep = read_sweep_file(sweep_dir)
-    job_dir = sweep_dir / f"rejected-{index}"
+    ctx = JobContext(sweep_dir / f"rejected-{index}", sweep.get("tracking_uri") or tracking.resolve_uri(sweep_cfg.tracking.uri),
+                     sweep.get("experiment", sweep_cfg.tracking.experiment), sweep.get("parent_run_id"), None, overrides)
     values = dict(o.split("=", 1) for o in overrides if "=" in o)
-    record = new_record(OmegaConf.create({}), job_dir, overrides, None)
+    record = new_record(OmegaConf.create({}), ctx)
     record.update(label=run_label(values.get("model", sweep_cfg.model.name), values.get("bs", sweep_cfg.bs),
                                   values.get("cache_len", sweep_cfg.cache_len), values.get("mode", sweep_cfg.mode)),
                   status="FAILED", reason=reason, config={})
-    uri = sweep.get("tracking_uri") or tracking.resolve_uri(sweep_cfg.tracking.uri)
-    finish(record, uri, sweep.get("experiment", sweep_cfg.tracking.experiment), sweep.get("parent_run_id"))
+    finish(record, ctx)
     say(f"rejected {' '.join(overrides)}: {reason}")
+
+
+def summarize(sweep_dir: Path, uri: str, wall_s: float | None = None) -> list[dict]:
+    records = []
+    for path in results.find(sweep_dir):
+        try:
+            records.append(results.read(path))
+        except results.ResultFileError as err:
+            say(f"warning: {err}")
+    print_summary(records, f"sweep {sweep_dir}", tracking.ui_command(uri), wall_s=wall_s)
+    return records
 
 
 class SweepCallback(Callback):
@@ -166,6 +227,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = tracking.resolve_uri(config.tracking.uri)
+        tracking.mark_abandoned_quietly(uri, config.tracking.experiment)
         overrides = " ".join(config.hydra.overrides.task)
         parent = _open_parent(uri, config.tracking.experiment, f"sweep {sweep_dir.name}",
                               {"overrides": overrides, "sweep_dir": str(sweep_dir.resolve())})
@@ -176,13 +238,6 @@ class SweepCallback(Callback):
         global _failures
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep = read_sweep_file(sweep_dir)
-        records = []
-        for path in results.find(sweep_dir):
-            try:
-                records.append(results.read(path))
-            except results.ResultFileError as err:
-                say(f"warning: {err}")
-        _failures = sum(r.get("status") != "FINISHED" for r in records)
-        _close_parent(sweep["tracking_uri"], sweep.get("parent_run_id"), records)
-        print_summary(records, f"sweep {sweep_dir}", tracking.ui_command(sweep["tracking_uri"]),
-                      wall_s=time.time() - sweep["started"])
+        records = summarize(sweep_dir, sweep["tracking_uri"], wall_s=time.time() - sweep["started"])
+        _failures = sum(r.get("status") not in ("FINISHED", "SKIPPED") for r in records)
+        _close_parent(sweep["tracking_uri"], sweep.get("parent_run_id"), "FAILED" if _failures else "FINISHED")

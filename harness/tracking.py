@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 # MLflow's HTTP client retries 7 times with exponential backoff by default: minutes per call when a
 # server is down. A job keeps its result.json anyway, so fail within seconds unless the user says otherwise.
 for _var, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
-                     ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
+                     ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"), ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")):
     os.environ.setdefault(_var, _value)
 
 STORE_DIR = "mlruns"
@@ -54,9 +57,119 @@ def experiment_id(uri: str, name: str) -> str:
 
 
 def start_parent(uri: str, experiment: str, run_name: str, tags: dict[str, str]) -> str:
-    run = client(uri).create_run(experiment_id(uri, experiment), run_name=run_name,
-                                 tags={"harness.kind": "sweep", **tags})
-    return run.info.run_id
+    tags = {"harness.kind": "sweep", **_owner(), **tags}
+    return client(uri).create_run(experiment_id(uri, experiment), run_name=run_name, tags=tags).info.run_id
+
+
+def _owner() -> dict[str, str]:
+    """Which process holds a RUNNING run, so that a later process can tell it was abandoned."""
+    return {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid())}
+
+
+def mark_abandoned(uri: str, experiment: str) -> list[str]:
+    """RUNNING runs whose process on this host is gone (killed hard) end FAILED, reason `abandoned`.
+    Runs held by other hosts are left alone: from here there is no telling whether they still run."""
+    c = client(uri)
+    found = c.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    marked = []
+    for run in c.search_runs([found.experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+        tags = run.data.tags
+        if tags.get("harness.host") != socket.gethostname() or _alive(int(tags.get("harness.pid", "0"))):
+            continue
+        c.set_tag(run.info.run_id, "failure_reason", "abandoned")
+        c.set_terminated(run.info.run_id, status="FAILED")
+        marked.append(run.info.run_id)
+    return marked
+
+
+def mark_abandoned_quietly(uri: str, experiment: str) -> None:
+    try:
+        mark_abandoned(uri, experiment)
+    except Exception:  # noqa: BLE001 - an unreachable store is reported where it is first written to
+        pass
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_finished(uri: str, experiment: str, config_hash: str) -> str | None:
+    """The id of a FINISHED run of this exact config, if the store has one."""
+    found = client(uri).get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client(uri).search_runs([found.experiment_id], f"tags.`harness.config_hash` = '{config_hash}' "
+                                   "and attributes.status = 'FINISHED'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def find_result(uri: str, experiment: str, result_id: str) -> str | None:
+    """The run already logged from this result file, if any: what makes `harness sync` idempotent."""
+    found = client(uri).get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client(uri).search_runs([found.experiment_id], f"tags.`harness.result_id` = '{result_id}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+class StoreError(RuntimeError):
+    """The store lacks what was asked for."""
+
+
+def get_run(uri: str, run_id: str):
+    try:
+        return client(uri).get_run(run_id)
+    except Exception as err:  # noqa: BLE001 - MLflow raises its own types per store
+        raise StoreError(f"no run {run_id!r} in {redact(uri)} ({type(err).__name__})") from err
+
+
+def run_exists(uri: str, run_id: str) -> bool:
+    try:
+        get_run(uri, run_id)
+    except StoreError:
+        return False
+    return True
+
+
+def experiment_name(uri: str, run) -> str:
+    return client(uri).get_experiment(run.info.experiment_id).name
+
+
+def children(uri: str, parent) -> list:
+    runs = client(uri).search_runs([parent.info.experiment_id],
+                                   f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", max_results=10000)
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def load_config(uri: str, run_id: str) -> dict:
+    """The run's logged config.yaml, parsed as plain data (yaml.safe_load: no tags, no objects)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client(uri).download_artifacts(run_id, "config.yaml", tmp)
+        except Exception as err:  # noqa: BLE001
+            raise StoreError(f"run {run_id} has no config.yaml artifact to rerun from ({type(err).__name__})") from err
+        data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or not data:
+        raise StoreError(f"run {run_id}'s config.yaml holds no config")
+    return data
+
+
+def redact(uri: str) -> str:
+    """A URI without its user:password@ part, fit to print or log."""
+    parts = urlparse(uri)
+    if parts.password is None and parts.username is None:
+        return uri
+    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
 
 
 def end_run(uri: str, run_id: str, status: str) -> None:
@@ -71,14 +184,15 @@ def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, 
         tags[PARENT_TAG] = parent_run_id
     run_id = c.create_run(experiment_id(uri, experiment), run_name=result["label"], tags=tags).info.run_id
     now = int(time.time() * 1000)
-    params = [Param(k, str(v)) for k, v in flatten(result.get("config", {})).items()]
+    params = [Param(k, redact(str(v)) if k == "tracking.uri" else str(v))
+              for k, v in flatten(result.get("config", {})).items()]
     metrics = [Metric(k, float(v), now, 0) for k, v in result.get("metrics", {}).items() if v is not None]
     metrics += [Metric("step_ms", float(v), now, i) for i, v in enumerate(result.get("step_ms", []))]
     for i in range(0, len(params), MAX_BATCH):
         c.log_batch(run_id, params=params[i:i + MAX_BATCH])
     for i in range(0, len(metrics), 10 * MAX_BATCH):
         c.log_batch(run_id, metrics=metrics[i:i + 10 * MAX_BATCH])
-    for name in ("result.json", "steps.csv", ".hydra/config.yaml", ".hydra/overrides.yaml"):
+    for name in ("result.json", "steps.csv", "config.yaml", ".hydra/overrides.yaml"):
         if (job_dir / name).is_file():
             c.log_artifact(run_id, str(job_dir / name))
     c.set_terminated(run_id, status=result["status"])
@@ -93,7 +207,9 @@ def _tags(result: dict) -> dict[str, str]:
         "overrides": " ".join(result.get("overrides", [])),
         "job_dir": result.get("job_dir", ""),
         "harness.result_id": result["result_id"],
+        "harness.config_hash": result.get("config_hash", ""),
     })
+    tags.update(result.get("tags", {}))
     tags.update(result.get("mode_tags", {}))
     if result.get("reason"):
         tags["failure_reason"] = result["reason"][:5000]

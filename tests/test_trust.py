@@ -1,0 +1,149 @@
+"""Issue 5: reruns by id, resume, faults survived, nothing lost, nothing executed from a store.
+Real subprocesses of the CLI against real SQLite stores."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from harness.tracking import redact
+from tests.conftest import FAST, REPO, run_harness
+from tests.test_sweep import runs_by_kind, store
+
+
+def child_runs(workdir: Path):
+    return runs_by_kind(store(workdir))[2]
+
+
+def test_a_rerun_reproduces_the_config_and_applies_overrides(workdir):
+    assert run_harness(*FAST, "bs=3", "seed=7", cwd=workdir).returncode == 0
+    (old,) = child_runs(workdir)
+    proc = run_harness("rerun", old.info.run_id, "decode_tokens=12", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert f"({old.info.run_id} → " in proc.stdout  # old and new side by side
+    new = next(r for r in child_runs(workdir) if r.info.run_id != old.info.run_id)
+    assert new.data.tags["rerun_of"] == old.info.run_id and new.info.status == "FINISHED"
+    changed = {k: (v, new.data.params.get(k)) for k, v in old.data.params.items() if new.data.params.get(k) != v}
+    assert changed == {"decode_tokens": ("8", "12")}
+    assert len(MlflowClient(store(workdir)._tracking_client.tracking_uri).get_metric_history(
+        new.info.run_id, "step_ms")) == 12
+
+
+def test_a_sweep_reruns_whole_under_a_new_parent(workdir):
+    assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir).returncode == 0
+    _, (parent,), _ = runs_by_kind(store(workdir))
+    proc = run_harness("rerun", parent.info.run_id, cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    _, parents, children = runs_by_kind(store(workdir))
+    new_parent = next(p for p in parents if p.info.run_id != parent.info.run_id)
+    assert new_parent.data.tags["rerun_of"] == parent.info.run_id
+    reruns = [c for c in children if c.data.tags["mlflow.parentRunId"] == new_parent.info.run_id]
+    assert sorted(c.data.params["bs"] for c in reruns) == ["1", "2"]
+
+
+def test_a_logged_config_is_data_and_target_is_refused(workdir, tmp_path):
+    client = store(workdir)
+    assert run_harness(*FAST, cwd=workdir).returncode == 0  # creates the store and experiment
+    exp = client.get_experiment_by_name("harness")
+    evil = client.create_run(exp.experiment_id, tags={"harness.kind": "job"}).info.run_id
+    marker = tmp_path / "pwned"
+    config = yaml.safe_load((next((workdir / "outputs").glob("**/config.yaml"))).read_text())
+    config["_target_"] = "os.system"
+    config["command"] = f"touch {marker}"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    client.log_artifact(evil, str(tmp_path / "config.yaml"))
+    proc = run_harness("rerun", evil, cwd=workdir)
+    assert proc.returncode == 2
+    assert "not in 'RunConfig'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_resume_runs_only_what_a_killed_sweep_left_missing(workdir):
+    killed = run_harness("-m", *FAST, "bs=1,2,3", cwd=workdir, env={"HARNESS_INJECT_FAULT": "sigkill:bs=2 "})
+    assert killed.returncode == -signal.SIGKILL
+    _, (parent,), children = runs_by_kind(store(workdir))
+    assert parent.info.status == "RUNNING" and [c.data.params["bs"] for c in children] == ["1"]
+
+    again = run_harness("-m", *FAST, "bs=1,2,3", "resume=true", cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    assert "2 finished, 0 failed, 1 skipped (resume)" in again.stdout
+    client = store(workdir)
+    abandoned = client.get_run(parent.info.run_id)
+    assert abandoned.info.status == "FAILED" and abandoned.data.tags["failure_reason"] == "abandoned"
+    finished = [c for c in child_runs(workdir) if c.info.status == "FINISHED"]
+    assert sorted(c.data.params["bs"] for c in finished) == ["1", "2", "3"]  # bs=1 once, not twice
+
+
+def test_an_oom_in_one_job_leaves_the_others_finished(workdir):
+    proc = run_harness("-m", *FAST, "bs=1,2,3", cwd=workdir, env={"HARNESS_INJECT_FAULT": "oom:bs=2 "})
+    assert proc.returncode == 1
+    by_bs = {c.data.params["bs"]: c for c in child_runs(workdir)}
+    assert by_bs["1"].info.status == by_bs["3"].info.status == "FINISHED"
+    assert by_bs["2"].info.status == "FAILED"
+    assert by_bs["2"].data.tags["failure_reason"].startswith("out of memory at bs=2 cache_len=64 mode=eager")
+
+
+def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
+    args = ["model=tiny", "warmup=2", "prompt_len=8", "decode_tokens=3000", "cache_len=3100", "bs=1,2,3,4"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "-m", *args], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait until the second job decodes, then stop the sweep as a scheduler would
+        if "job 2/4" in line and ": decode" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    _, (parent,), children = runs_by_kind(store(workdir))
+    assert parent.info.status == "KILLED"
+    statuses = {c.data.params["bs"]: c.info.status for c in children}
+    assert statuses == {"1": "FINISHED", "2": "KILLED"}
+    for path in (workdir / "outputs").glob("**/result.json"):
+        assert json.loads(path.read_text())["status"] in ("FINISHED", "KILLED")
+
+
+def test_sync_imports_what_an_unreachable_store_missed_exactly_once(workdir):
+    down = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    proc = run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env=down)
+    assert "kept in" in proc.stderr and len(list((workdir / "outputs").glob("**/result.json"))) == 2
+    assert not (workdir / "mlruns").exists()
+    for expected in ("2 imported, 0 already", "0 imported, 2 already"):
+        synced = run_harness("sync", "outputs", cwd=workdir)
+        assert synced.returncode == 0, synced.stderr
+        assert expected in synced.stdout
+    children = child_runs(workdir)
+    assert sorted(c.data.params["bs"] for c in children) == ["1", "2"]
+    assert all(len(store(workdir).get_metric_history(c.info.run_id, "step_ms")) == 8 for c in children)
+
+
+def test_a_corrupt_result_file_is_named_and_the_others_import(workdir):
+    proc = run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    first, second = sorted((workdir / "outputs").glob("**/result.json"))
+    second.write_text('{"status": "FINI')  # a partial write
+    synced = run_harness("sync", "outputs", cwd=workdir)
+    assert synced.returncode == 1
+    assert f"{second.relative_to(workdir)}: not a readable result file" in synced.stderr
+    assert "1 imported, 0 already in the store, 1 unreadable" in synced.stdout
+    assert len(child_runs(workdir)) == 1
+    assert proc.returncode == 0
+
+
+def test_no_environment_value_is_logged(workdir):
+    secret = "hf_s3cr3t_t0ken"
+    assert run_harness(*FAST, cwd=workdir, env={"HF_TOKEN": secret, "HARNESS_SECRET": secret}).returncode == 0
+    for run in store(workdir).search_runs([store(workdir).get_experiment_by_name("harness").experiment_id]):
+        logged = list(run.data.params.values()) + list(run.data.tags.values())
+        assert not any(secret in value for value in logged)
+
+
+def test_credentials_in_a_tracking_uri_are_redacted():
+    assert redact("https://user:tok3n@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
+    assert redact("sqlite:////tmp/mlruns/mlflow.db") == "sqlite:////tmp/mlruns/mlflow.db"
