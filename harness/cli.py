@@ -15,7 +15,7 @@ from harness.progress import say
 from harness.summary import print_summary
 from harness.sweep import JobContext, execute
 
-COMMANDS = ("rerun", "sync", "ui")
+COMMANDS = ("rerun", "sync", "ui", "report")
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +29,10 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("sync", help="log every result.json under a folder that the store lacks, once")
     p.add_argument("output_dir", type=Path)
     p.add_argument("--experiment", default=None, help="default: the one each result names")
+    p = sub.add_parser("report", help="a sweep's table, plots and summary, logged on its parent run")
+    p.add_argument("sweep_run_id", nargs="?", default=None, help="default: the newest sweep")
+    p.add_argument("--experiment", default="harness")
+    p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
     p = sub.add_parser("ui", help="browse the store in MLflow's UI (bound to 127.0.0.1 unless told otherwise)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
@@ -39,6 +43,8 @@ def main(argv: list[str]) -> int:
             return rerun(uri, args.run_id, args.overrides)
         if args.command == "sync":
             return sync(uri, args.output_dir, args.experiment)
+        if args.command == "report":
+            return report(uri, args.sweep_run_id, args.experiment, args.out)
         return ui(uri, args.host, args.port)
     except (ConfigError, tracking.StoreError) as err:
         print(f"harness {args.command}: {err}", file=sys.stderr)
@@ -115,6 +121,16 @@ def sync(uri: str, output_dir: Path, experiment: str | None) -> int:
         tracking.end_run(uri, parent, "FINISHED")
     print(f"sync {output_dir}: {imported} imported, {present} already in the store, {bad} unreadable")
     return 1 if bad else 0
+
+
+def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None) -> int:
+    from harness import report as sweep_report
+
+    out = out or sweep_report.default_dir()
+    text, plots, parent = sweep_report.build(uri, sweep_run_id, experiment, out)
+    print(text)
+    print(f"wrote {out / 'summary.md'} and {', '.join(p.name for p in plots)}; logged under report/ on run {parent}")
+    return 0
 
 
 def ui(uri: str, host: str, port: int) -> int:

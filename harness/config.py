@@ -110,6 +110,8 @@ class RunConfig:
     graph_steps: int = 1  # decode steps per graph replay; >1 captures argmax and feeding too
     compile_mode: Optional[str] = None  # torch.compile mode for the compiled modes; None: the mode's default
     resume: bool = False  # skip a job whose identical config already has a FINISHED run in the store
+    profile: bool = False  # after the timed steps, profile a few more (kernels, busy/idle, trace)
+    profile_steps: int = 8
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -117,13 +119,16 @@ class RunConfig:
         _require(self.prompt_len >= 1, f"prompt_len={self.prompt_len} is invalid: it must be >= 1")
         _require(self.decode_tokens >= 2,
                  f"decode_tokens={self.decode_tokens} is invalid: it must be >= 2 (statistics need two steps)")
+        _require(self.profile_steps >= 1, f"profile_steps={self.profile_steps} is invalid: it must be >= 1")
         _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
         self._check_graph_options()
         k = self.graph_steps  # warm-up and decode run in whole graph replays of k tokens
-        needed = self.prompt_len + _round_up(self.warmup, k) + _round_up(self.decode_tokens, k)
+        needed = self.prompt_len + _round_up(self.warmup, k) + _round_up(self.decode_tokens, k) \
+            + (_round_up(self.profile_steps, k) if self.profile else 0)
         _require(self.cache_len >= needed,
                  f"cache_len={self.cache_len} is too short: prompt_len ({self.prompt_len}) + warmup "
                  f"({self.warmup}) + decode_tokens ({self.decode_tokens})"
+                 + (f" + profile_steps ({self.profile_steps})" if self.profile else "")
                  + (f", in whole replays of graph_steps={k}," if k > 1 else "")
                  + f" = {needed} tokens must fit; use cache_len>={needed}")
         _require(bool(_DEVICE.match(self.device)),
@@ -152,7 +157,7 @@ class RunConfig:
 
 
 # Keys that say where a run is stored or how it is scheduled, not what it measures.
-NOT_IDENTITY = ("tracking", "resume")
+NOT_IDENTITY = ("tracking", "resume", "profile", "profile_steps")
 
 
 def config_hash(config: dict) -> str:

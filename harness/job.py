@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -15,19 +16,24 @@ from harness.environment import environment_tags, resolve_device
 from harness.models import LoadedModel, get_model
 from harness.modes import MODES, DecodeMode, Stepper
 from harness.modes.eager import EagerStepper
+from harness.attribution import nvtx_range, profile_steps
+from harness.roofline import ceilings, floor, step_cost
 from harness.timing import advance, decode_metrics, run_steps, stopwatch, timed_decode
 
 VERIFY_TOKENS = 32  # graph modes must reproduce eager's first 32 greedy tokens
 VERIFY_LOGIT_ROWS = 8  # rows whose logits are kept for the max |difference| (rows are independent)
 INEXACT_LOGIT_TOLERANCE = 0.05  # an inexact mode's logits may differ by this fraction of their scale
 MiB = 1024 * 1024
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 class JobError(RuntimeError):
     """A job that cannot run or whose output is wrong; the message is the recorded reason."""
 
 
-def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None) -> dict:
+def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None,
+            artifacts_dir: Path | None = None) -> dict:
+    """Measure one job. `artifacts_dir` receives the profiler's files when cfg.profile is set."""
     device = resolve_device(cfg.device)
     mode = MODES[cfg.mode.value]()
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -35,13 +41,14 @@ def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None
     if (why := mode.check(device)) is not None:
         raise JobError(why)
     on_phase("build")
-    loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn.value, device, cfg.seed)
+    with nvtx_range("build", device.type == "cuda"):
+        loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn.value, device, cfg.seed)
     memory = MemoryProbe(device)
     oom = None
     try:
         inject_fault(cfg)
         with torch.inference_mode():
-            result = _decode(cfg, loaded, mode, device, on_phase)
+            result = _decode(cfg, loaded, mode, device, on_phase, artifacts_dir)
     except torch.OutOfMemoryError as err:
         oom = str(err).splitlines()[0]  # keep the text only: the traceback would pin the job's tensors
     released = memory.after_release()
@@ -64,25 +71,33 @@ def inject_fault(cfg: RunConfig) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase) -> dict:
+def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase,
+            artifacts_dir: Path | None) -> dict:
     model = loaded.model
     prompt = seeded_prompt(cfg.bs, cfg.prompt_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
+    cuda = device.type == "cuda"
 
     on_phase(mode.prepare_phase)
-    with stopwatch(device, phases, "capture_ms"):
+    with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "capture_ms"):
         stepper = mode.prepare(model, prompt, cfg)  # prefills first: the cache lives outside any graph pool
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
     on_phase("prefill")
-    with stopwatch(device, phases, "prefill_ms"):
+    with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
         stepper.restart(prompt)
     on_phase("warmup")
-    with stopwatch(device, phases, "warmup_ms"):
+    with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         run_steps(stepper, cfg.warmup)
     on_phase("decode")
-    timing = timed_decode(stepper, cfg.decode_tokens, device)
+    with nvtx_range("decode", cuda):
+        timing = timed_decode(stepper, cfg.decode_tokens, device)
 
     metrics = {**decode_metrics(timing, cfg.bs), **phases, **_peaks(device), **stepper.metrics}
+    arch = _architecture(model)
+    metrics.update(_speed_of_light(arch, cfg, mode, device, metrics["step_ms_median"], stepper.tags))
+    if cfg.profile and cuda:
+        on_phase("profile")
+        metrics.update(profile_steps(stepper, cfg.profile_steps, artifacts_dir))
     result = {
         "metrics": metrics,
         "step_ms": timing.step_ms,
@@ -91,7 +106,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         "weights_source": loaded.source,
         "model_reused": loaded.reused,
         "mode_tags": stepper.tags,
-        "architecture": _architecture(model),
+        "architecture": arch,
         "environment": environment_tags(device),
     }
     if mode.verify_against_eager:
@@ -106,6 +121,20 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
             result["failure"] = (f"{mode.name} tokens differ from eager's{how} at step {check['first_mismatch']} "
                                  f"(max |logit diff| {check['max_logit_diff']:.4g})")
     return result
+
+
+def _speed_of_light(arch: dict, cfg: RunConfig, mode: DecodeMode, device: torch.device, median_ms: float,
+                    tags: dict) -> dict[str, float]:
+    """Bytes and FLOPs per step; on a GPU also the floor they set and how close the run came to it."""
+    cost = step_cost(arch, cfg.bs, cfg.cache_len, DTYPE_BYTES[cfg.dtype.value],
+                     compiled=mode.name.startswith("compiled"))
+    if device.type != "cuda":
+        return cost
+    ceil = ceilings(device)
+    tags.update(ceiling_copy_gb_per_s=f"{ceil['copy_bytes_per_s'] / 1e9:.0f}",
+                ceiling_bf16_tflop_per_s=f"{ceil['bf16_flops_per_s'] / 1e12:.0f}", ceiling_key=ceil["key"])
+    lowest = floor(cost, ceil)
+    return {**cost, **lowest, "efficiency": lowest["floor_ms"] / median_ms}
 
 
 def seeded_prompt(bs: int, prompt_len: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:

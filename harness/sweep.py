@@ -105,7 +105,7 @@ def execute(cfg: DictConfig, ctx: JobContext) -> dict:
             results.write(ctx.job_dir, record)
             say_(f"skipped, {record['reason']}")
             return {"status": "SKIPPED"}
-        measured = measure(run_cfg, on_phase=say_)
+        measured = measure(run_cfg, on_phase=say_, artifacts_dir=ctx.job_dir)
         reason = measured.pop("failure", None)
         record.update(measured, status="FAILED" if reason else "FINISHED", reason=reason)
     except (ConfigError, JobError) as err:

@@ -145,6 +145,15 @@ def experiment_name(uri: str, run) -> str:
     return client(uri).get_experiment(run.info.experiment_id).name
 
 
+def newest_sweep(uri: str, experiment: str):
+    found = client(uri).get_experiment_by_name(experiment)
+    runs = [] if found is None else client(uri).search_runs(
+        [found.experiment_id], "tags.`harness.kind` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise StoreError(f"no sweep in experiment {experiment!r} of {redact(uri)}")
+    return runs[0]
+
+
 def children(uri: str, parent) -> list:
     runs = client(uri).search_runs([parent.info.experiment_id],
                                    f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", max_results=10000)
@@ -192,7 +201,8 @@ def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, 
         c.log_batch(run_id, params=params[i:i + MAX_BATCH])
     for i in range(0, len(metrics), 10 * MAX_BATCH):
         c.log_batch(run_id, metrics=metrics[i:i + 10 * MAX_BATCH])
-    for name in ("result.json", "steps.csv", "config.yaml", ".hydra/overrides.yaml"):
+    for name in ("result.json", "steps.csv", "config.yaml", ".hydra/overrides.yaml", "top_kernels.csv",
+                 "trace.json.gz"):
         if (job_dir / name).is_file():
             c.log_artifact(run_id, str(job_dir / name))
     c.set_terminated(run_id, status=result["status"])

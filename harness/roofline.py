@@ -1,0 +1,100 @@
+"""Speed of light per decode step: the bytes it must move and the FLOPs it must do, against the
+device's measured ceilings. floor_ms = max(bytes / bandwidth, flops / rate).
+
+What is counted, per step of a batch of `bs` rows (B = bytes per element):
+- weights: every parameter read once, except the input embedding, of which only bs rows are read;
+  with tied embeddings the one matrix is read in full by lm_head.
+- KV cache: a StaticCache hands SDPA all `cache_len` positions of every layer (masked, not sliced),
+  so attention reads K and V in full: 2 x layers x bs x kv_heads x cache_len x head_dim x B. Where
+  transformers expands K/V to the query heads with repeat_kv (older releases, or under
+  torch.compile), that copy is written and read again: (1 + 2 x n_rep) times the K/V bytes.
+- activations: the hidden states, projections and MLP intermediates each written and read once per
+  layer, and the logits written and read once (by the argmax).
+- FLOPs: 2 per weight per row for every matmul (lm_head included, the embedding gather excluded),
+  plus 4 x bs x heads x head_dim x cache_len per layer for QK^T and PV.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import transformers.integrations.sdpa_attention as hf_sdpa
+
+CEILINGS_FILE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")) / "ceilings.json"
+
+
+def kv_read_factor(n_rep: int, compiled: bool) -> int:
+    """How many times the K/V bytes cross memory for one decode step's attention."""
+    packs_gqa = hasattr(hf_sdpa, "pack_gqa") and not compiled  # a query of one token reshaped onto the KV heads
+    return 1 if n_rep == 1 or packs_gqa else 1 + 2 * n_rep
+
+
+def step_cost(arch: dict, bs: int, cache_len: int, dtype_bytes: int, compiled: bool = False) -> dict[str, float]:
+    """Bytes and FLOPs of one decode step, from the architecture alone (see the module docstring)."""
+    h, inter, layers = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"]
+    heads, kv_heads, hd, vocab = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"]
+    q_dim, kv_dim = heads * hd, kv_heads * hd
+    per_layer_weights = h * (q_dim + 2 * kv_dim) + q_dim * h + 3 * h * inter + 2 * h + 2 * hd  # + norms
+    matmul_weights = layers * per_layer_weights + vocab * h  # lm_head
+    # final norm, and the bs embedding rows looked up (tied or not, the table is read in full only by lm_head)
+    weights_read = matmul_weights + h + bs * h
+    kv = 2 * layers * bs * kv_dim * cache_len
+    kv_read = kv * kv_read_factor(heads // kv_heads, compiled)
+    activations = layers * bs * (10 * h + 3 * inter + 2 * (q_dim + 2 * kv_dim)) + 2 * bs * vocab
+    flops = 2 * bs * matmul_weights + layers * 4 * bs * heads * hd * cache_len
+    weight_bytes, kv_bytes, act_bytes = (x * dtype_bytes for x in (weights_read, kv_read, activations))
+    return {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "activation_bytes": act_bytes,
+            "step_bytes": weight_bytes + kv_bytes + act_bytes, "step_flops": float(flops)}
+
+
+def floor(cost: dict[str, float], ceilings: dict[str, float]) -> dict[str, float]:
+    memory_ms = cost["step_bytes"] / ceilings["copy_bytes_per_s"] * 1e3
+    compute_ms = cost["step_flops"] / ceilings["bf16_flops_per_s"] * 1e3
+    return {"floor_ms": max(memory_ms, compute_ms), "floor_memory_ms": memory_ms, "floor_compute_ms": compute_ms}
+
+
+@functools.lru_cache(maxsize=4)
+def ceilings(device: torch.device) -> dict[str, float]:
+    """The device's copy bandwidth and bf16 matmul rate: measured once per GPU model and driver,
+    then read from disk."""
+    from harness.environment import gpu_facts
+
+    facts = gpu_facts(device.index if device.index is not None else torch.cuda.current_device())
+    key = f"{facts['gpu_name']} | driver {facts.get('gpu_driver', '?')}"
+    cached = json.loads(CEILINGS_FILE.read_text()) if CEILINGS_FILE.is_file() else {}
+    if key not in cached:
+        cached[key] = measure_ceilings(device)
+        CEILINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
+        CEILINGS_FILE.write_text(json.dumps(cached, indent=2))
+    return {**cached[key], "key": key}
+
+
+def measure_ceilings(device: torch.device, copy_bytes: int = 2 << 30, n: int = 8192) -> dict[str, float]:
+    src = torch.empty(copy_bytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    copy_s = _best_of(lambda: dst.copy_(src))
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    mm_s = _best_of(lambda: torch.mm(a, b))
+    del src, dst, a, b
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": 2 * copy_bytes / copy_s, "bf16_flops_per_s": 2 * n**3 / mm_s,
+            "measured": time.strftime("%Y-%m-%d")}
+
+
+def _best_of(fn, warmup: int = 3, reps: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
