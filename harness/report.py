@@ -68,7 +68,7 @@ def _cell(row: dict, speedup: float | None) -> str:
     if speedup is not None:
         parts.append(f"{speedup:.2f}x")
     if row["efficiency"] is not None:
-        parts.append(f"{100 * row['efficiency']:.1f}% of floor")
+        parts.append(f"eff {100 * row['efficiency']:.1f}%")
     return ", ".join(parts)
 
 

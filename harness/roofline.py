@@ -38,10 +38,10 @@ def step_cost(arch: dict, bs: int, cache_len: int, dtype_bytes: int, compiled: b
     h, inter, layers = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"]
     heads, kv_heads, hd, vocab = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"]
     q_dim, kv_dim = heads * hd, kv_heads * hd
-    per_layer_weights = h * (q_dim + 2 * kv_dim) + q_dim * h + 3 * h * inter + 2 * h + 2 * hd  # + norms
-    matmul_weights = layers * per_layer_weights + vocab * h  # lm_head
-    # final norm, and the bs embedding rows looked up (tied or not, the table is read in full only by lm_head)
-    weights_read = matmul_weights + h + bs * h
+    matmul_weights = layers * (h * (q_dim + 2 * kv_dim) + q_dim * h + 3 * h * inter) + vocab * h  # + lm_head
+    norm_weights = layers * (2 * h + 2 * hd) + h  # input/post-attention norms, q/k norms, final norm
+    # the bs embedding rows looked up: tied or not, the table is read in full only by lm_head
+    weights_read = matmul_weights + norm_weights + bs * h
     kv = 2 * layers * bs * kv_dim * cache_len
     kv_read = kv * kv_read_factor(heads // kv_heads, compiled)
     activations = layers * bs * (10 * h + 3 * inter + 2 * (q_dim + 2 * kv_dim)) + 2 * bs * vocab

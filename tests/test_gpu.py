@@ -57,8 +57,10 @@ def test_every_graph_mode_matches_eager_tokens(mode, bs):
 def test_the_bucket_set_shares_one_pool():
     m = measure(run_config(*QWEN, "bs=3", "mode=bucketed", "cache_len=1024"))["metrics"]
     print(f"set {m['bucket_set_pool_mb']:.1f} MiB, largest alone {m['largest_bucket_alone_pool_mb']:.1f} MiB")
-    assert m["largest_bucket_alone_pool_mb"] > 0
-    assert m["largest_bucket_alone_pool_mb"] <= m["bucket_set_pool_mb"] <= 1.1 * m["largest_bucket_alone_pool_mb"]
+    # The set may even come out below the largest alone: the first capture of a process also pays the
+    # capture stream's cuBLAS workspace (32 MiB on the H200), which later captures reuse.
+    assert m["bucket_set_pool_mb"] > 0 and m["largest_bucket_alone_pool_mb"] > 0
+    assert m["pool_vs_largest_alone"] <= 1.1
 
 
 def test_four_steps_per_graph_give_the_same_tokens_as_one():

@@ -1,0 +1,36 @@
+"""The MLflow UI in a real headless Chromium (Debian's), driven by Playwright, on a store filled by a
+real tiny sweep: the sweep's run names and a latency metric must be on the page."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import FAST, run_harness
+from tests.test_insight import mlflow_server  # noqa: F401 - the fixture
+from tests.test_sweep import runs_by_kind
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--disable-quic", "--no-first-run"]
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium (apt-get install chromium)")
+def test_the_sweep_shows_in_the_mlflow_ui(workdir, mlflow_server):  # noqa: F811
+    from mlflow.tracking import MlflowClient
+    from playwright.sync_api import sync_playwright
+
+    assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env={"MLFLOW_TRACKING_URI": mlflow_server}).returncode == 0
+    exp, (parent,), children = runs_by_kind(MlflowClient(mlflow_server))
+    child = next(c for c in children if c.data.params["bs"] == "1")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{mlflow_server}/#/experiments/{exp.experiment_id}/runs", wait_until="load")
+        page.get_by_text(parent.info.run_name).first.wait_for(timeout=60_000)
+        page.goto(f"{mlflow_server}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}", wait_until="load")
+        page.get_by_text("tiny bs=1 cache=64 eager").first.wait_for(timeout=60_000)
+        page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
+        median = f"{child.data.metrics['step_ms_median']:.3f}"[:4]  # the UI rounds; its leading digits agree
+        assert median in page.content()
+        browser.close()

@@ -1,0 +1,127 @@
+"""Issue 4 on CPU: byte and FLOP counts by hand, the report on a real tiny sweep, a real mlflow server."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from harness import report, tracking
+from harness.roofline import floor, kv_read_factor, step_cost
+from harness.sweep import compose_run_config
+from tests.conftest import FAST, run_harness
+from tests.test_sweep import runs_by_kind, store
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=1024, tie_word_embeddings=True)
+QWEN = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
+
+
+def parameters(model_name: str) -> int:
+    """The real parameter count, from the architecture built on the meta device (no memory)."""
+    m = compose_run_config(f"model={model_name}").model
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(m.model_type, **m.architecture()))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name, arch", [("tiny", TINY), ("qwen3-0.6b", QWEN)])
+def test_weight_bytes_are_the_parameters_read_once(name, arch):
+    # every parameter once (the tied table once, by lm_head) plus the bs embedding rows looked up
+    for bs in (1, 8):
+        assert step_cost(arch, bs, 256, 2)["weight_bytes"] == 2 * (parameters(name) + bs * arch["hidden_size"])
+
+
+def test_tiny_counts_by_hand():
+    c = step_cost(TINY, bs=2, cache_len=64, dtype_bytes=2)
+    matmul = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 1024 * 64  # 2 layers + lm_head
+    assert c["step_flops"] == 2 * 2 * matmul + 2 * 4 * 2 * 4 * 16 * 64
+    kv = 2 * 2 * 2 * 2 * 16 * 64 * 2  # K and V x layers x bs x kv_heads x head_dim x cache_len x bytes
+    assert c["kv_bytes"] == kv * kv_read_factor(2, compiled=False)
+    assert c["activation_bytes"] == 2 * (2 * 2 * (10 * 64 + 3 * 128 + 2 * (64 + 64)) + 2 * 2 * 1024)
+    assert c["step_bytes"] == c["weight_bytes"] + c["kv_bytes"] + c["activation_bytes"]
+
+
+def test_qwen3_floor_is_a_quarter_millisecond_at_bs1():
+    c = step_cost(QWEN, bs=1, cache_len=256, dtype_bytes=2)
+    assert 1.19e9 < c["weight_bytes"] < 1.20e9  # 596M parameters in bf16
+    f = floor(c, {"copy_bytes_per_s": 4.8e12, "bf16_flops_per_s": 990e12})
+    assert 0.24 < f["floor_ms"] < 0.27 and f["floor_ms"] == f["floor_memory_ms"]
+
+
+def test_kv_copies_are_counted_where_transformers_repeats_kv():
+    assert kv_read_factor(1, compiled=True) == 1  # no GQA, nothing to expand
+    assert kv_read_factor(2, compiled=True) == 5  # read K/V, write the 2x copy, read it
+    cost = lambda compiled: step_cost(QWEN, 1, 1024, 2, compiled)["kv_bytes"]  # noqa: E731
+    assert cost(True) == 5 * 2 * 28 * 8 * 128 * 1024 * 2 and cost(True) >= cost(False)
+
+
+def test_report_on_a_real_tiny_sweep(workdir):
+    assert run_harness("-m", *FAST, "bs=1,2", "cache_len=64,128", "mode=eager,graphed", cwd=workdir).returncode in (0, 1)
+    proc = run_harness("report", "--out", "rep", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    _, (parent,), children = runs_by_kind(store(workdir))
+    for run in children:  # every run is in the table: its median, or its failure and reason
+        p = run.data.params
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| tiny | {p['cache_len']} | {p['bs']} |"))
+        if run.info.status == "FINISHED":
+            assert f"{run.data.metrics['step_ms_median']:.3f} ms, 1.00x" in line
+        else:
+            assert "FAILED: mode=graphed needs a CUDA GPU" in line
+    for png in ("latency_vs_bs.png", "speedup_vs_bs.png", "latency_vs_cache_len.png"):
+        image = matplotlib.image.imread(workdir / "rep" / png)
+        assert image.ndim == 3 and image.shape[0] > 100
+    logged = {a.path for a in store(workdir).list_artifacts(parent.info.run_id, "report")}
+    assert {"report/summary.md", "report/latency_vs_bs.png"} <= logged
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on 127.0.0.1, stopped by pid when done."""
+    port = free_port()
+    db = tmp_path / "server" / "mlflow.db"
+    db.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
+                             "--artifacts-destination", str(tmp_path / "server" / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not answer /health within 90 s")
+    yield url
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+def test_report_against_a_real_mlflow_server(workdir, mlflow_server):
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env=env).returncode == 0
+    proc = run_harness("report", "--out", "rep", cwd=workdir, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "| tiny | 64 | 1 |" in proc.stdout and "| tiny | 64 | 2 |" in proc.stdout
+    parent = tracking.newest_sweep(mlflow_server, "harness")
+    assert "report/summary.md" in {a.path for a in tracking.client(mlflow_server).list_artifacts(parent.info.run_id, "report")}
+    assert not (workdir / "mlruns").exists()  # everything went to the server
