@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 import uuid
@@ -221,12 +222,26 @@ def summarize(sweep_dir: Path, uri: str, wall_s: float | None = None) -> list[di
     return records
 
 
+REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
+
+
+def refuse_sqlite_across_hosts(launcher: str, uri: str) -> None:
+    """SQLite's file locks don't hold across hosts: jobs on other nodes must log to a server."""
+    if uri.startswith("sqlite:") and any(name in launcher for name in REMOTE_LAUNCHERS):
+        say(f"error: this sweep's jobs run on other hosts ({launcher.rsplit('.', 1)[-1]}), and they cannot share "
+            f"the SQLite store {uri} safely. Start a tracking server, e.g. `mlflow server --backend-store-uri "
+            "sqlite:///ABS/PATH/mlflow.db --host 0.0.0.0 --port 5000` (or a postgresql:// URI for a team), then "
+            "set MLFLOW_TRACKING_URI=http://THAT_HOST:5000 (or tracking.uri=...).")
+        sys.exit(2)
+
+
 class SweepCallback(Callback):
     """Opens the sweep's parent run before any job, closes it and prints the table after the last."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = tracking.resolve_uri(config.tracking.uri)
+        refuse_sqlite_across_hosts(config.hydra.launcher.get("_target_", ""), uri)
         tracking.mark_abandoned_quietly(uri, config.tracking.experiment)
         overrides = " ".join(config.hydra.overrides.task)
         parent = _open_parent(uri, config.tracking.experiment, f"sweep {sweep_dir.name}",

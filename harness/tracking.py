@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,7 +59,8 @@ def experiment_id(uri: str, name: str) -> str:
 
 def start_parent(uri: str, experiment: str, run_name: str, tags: dict[str, str]) -> str:
     tags = {"harness.kind": "sweep", **_owner(), **tags}
-    return client(uri).create_run(experiment_id(uri, experiment), run_name=run_name, tags=tags).info.run_id
+    return with_retries(f"opening {run_name}", lambda: client(uri).create_run(
+        experiment_id(uri, experiment), run_name=run_name, tags=tags).info.run_id)
 
 
 def _owner() -> dict[str, str]:
@@ -185,7 +187,33 @@ def end_run(uri: str, run_id: str, status: str) -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
+RETRY_DELAYS_S = (1, 2, 4, 8, 16)  # backoff between attempts when the store fails: about 30 s in all
+
+
+def with_retries(what: str, fn, delays=RETRY_DELAYS_S):
+    """Call fn, retrying transient store errors with exponential backoff; the last error is raised."""
+    for delay in (*delays, None):
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - MLflow raises many types for a store that is down
+            if delay is None:
+                raise
+            print(f"[harness] {what}: {type(err).__name__}, retrying in {delay} s", file=sys.stderr, flush=True)
+            time.sleep(delay)
+
+
 def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, job_dir: Path) -> str:
+    """Log one job, retrying while the store is down. Idempotent: a partly logged attempt is removed
+    before the next, so a result becomes exactly one run."""
+    def attempt() -> str:
+        if (partial := find_result(uri, experiment, result["result_id"])) is not None:
+            client(uri).delete_run(partial)
+        return _log_job(uri, experiment, parent_run_id, result, job_dir)
+
+    return with_retries(f"logging {result['label']}", attempt)
+
+
+def _log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, job_dir: Path) -> str:
     """One child run per job: params, tags, metrics, the step series and the artifacts."""
     c = client(uri)
     tags = {"harness.kind": "job", **_tags(result)}

@@ -7,7 +7,6 @@ import shutil
 import pytest
 
 from tests.conftest import FAST, run_harness
-from tests.test_insight import mlflow_server  # noqa: F401 - the fixture
 from tests.test_sweep import runs_by_kind
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -16,7 +15,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium (apt-get install chromium)")
-def test_the_sweep_shows_in_the_mlflow_ui(workdir, mlflow_server):  # noqa: F811
+def test_the_sweep_shows_in_the_mlflow_ui(workdir, mlflow_server):
     from mlflow.tracking import MlflowClient
     from playwright.sync_api import sync_playwright
 

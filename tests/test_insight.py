@@ -1,12 +1,6 @@
 """Issue 4 on CPU: byte and FLOP counts by hand, the report on a real tiny sweep, a real mlflow server."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import matplotlib.image
@@ -82,38 +76,6 @@ def test_report_on_a_real_tiny_sweep(workdir):
         assert image.ndim == 3 and image.shape[0] > 100
     logged = {a.path for a in store(workdir).list_artifacts(parent.info.run_id, "report")}
     assert {"report/summary.md", "report/latency_vs_bs.png"} <= logged
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A real `mlflow server` on 127.0.0.1, stopped by pid when done."""
-    port = free_port()
-    db = tmp_path / "server" / "mlflow.db"
-    db.parent.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
-                             "--artifacts-destination", str(tmp_path / "server" / "artifacts"),
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not answer /health within 90 s")
-    yield url
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
 
 
 def test_report_against_a_real_mlflow_server(workdir, mlflow_server):
