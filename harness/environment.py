@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -39,13 +41,32 @@ def git_state() -> tuple[str, bool]:
 
 @functools.lru_cache(maxsize=8)
 def gpu_facts(index: int) -> dict[str, str]:
-    """Name, driver and UUID of one GPU, from nvidia-smi when present."""
-    facts = {"gpu_name": torch.cuda.get_device_name(index)}
-    smi = _run("nvidia-smi", f"--id={index}", "--query-gpu=driver_version,uuid", "--format=csv,noheader")
-    if smi:
-        driver, uuid = (part.strip() for part in smi.split(",", 1))
-        facts.update(gpu_driver=driver, gpu_uuid=uuid)
+    """Name, driver and UUID of the GPU this process sees as `index`. The UUID names the physical GPU
+    even when SLURM (or CUDA_VISIBLE_DEVICES) renumbers what the process sees."""
+    props = torch.cuda.get_device_properties(index)
+    facts = {"gpu_name": props.name}
+    uuid = str(getattr(props, "uuid", "") or "").removeprefix("GPU-")
+    if _UUID.match(uuid):
+        facts["gpu_uuid"] = f"GPU-{uuid}"
+    elif (visible := _visible_gpu(index)) is not None:  # nvidia-smi numbers physical GPUs
+        found = _run("nvidia-smi", f"--id={visible}", "--query-gpu=uuid", "--format=csv,noheader")
+        if found:
+            facts["gpu_uuid"] = found.strip()
+    driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    if driver:
+        facts["gpu_driver"] = driver.splitlines()[0].strip()
     return facts
+
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _visible_gpu(index: int) -> str | None:
+    """The physical GPU (index or UUID, as nvidia-smi takes it) behind this process's `cuda:index`."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return str(index)
+    return visible[index] if index < len(visible) else None
 
 
 def environment_tags(device: torch.device) -> dict[str, str]:

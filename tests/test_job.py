@@ -141,3 +141,14 @@ def test_an_inexact_mode_passes_when_it_differs_only_by_rounding():
     with torch.inference_mode():
         check = verify_tokens(model, prompt, NoisyStepper(model, prompt, 64), 64, 8, exact=False)
     assert check["match"] and 0 < check["max_logit_diff"] < 1e-2
+
+
+def test_the_physical_gpu_is_found_through_cuda_visible_devices(monkeypatch):
+    from harness.environment import _visible_gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # as SLURM binds two GPUs to a job
+    assert _visible_gpu(0) == "3" and _visible_gpu(1) == "5" and _visible_gpu(2) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9859b9d6-b2f2-30f8-6d9e-af659d812857")
+    assert _visible_gpu(0) == "GPU-9859b9d6-b2f2-30f8-6d9e-af659d812857"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _visible_gpu(1) == "1"
