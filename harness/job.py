@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from harness.attribution import nvtx_range, profile_steps
 from harness.config import RunConfig
 from harness.environment import environment_tags, resolve_device
 from harness.models import LoadedModel, get_model
 from harness.modes import MODES, DecodeMode, Stepper
 from harness.modes.eager import EagerStepper
-from harness.attribution import nvtx_range, profile_steps
 from harness.roofline import ceilings, floor, step_cost
 from harness.timing import advance, decode_metrics, run_steps, stopwatch, timed_decode
 

@@ -101,7 +101,7 @@ def execute(cfg: DictConfig, ctx: JobContext) -> dict:
     try:
         run_cfg = to_run_config(cfg)
         record["config_hash"] = config_hash(record["config"])
-        if run_cfg.resume and (done := tracking.find_finished(ctx.uri, ctx.experiment, record["config_hash"])):
+        if run_cfg.resume and (done := _finished_twin(ctx, record["config_hash"])):
             record.update(status="SKIPPED", reason=f"resume: run {done} already FINISHED with this config")
             results.write(ctx.job_dir, record)
             say_(f"skipped, {record['reason']}")
@@ -123,6 +123,14 @@ def execute(cfg: DictConfig, ctx: JobContext) -> dict:
     finish(record, ctx)
     say_(_outcome(record))
     return {"status": record["status"], "reason": record.get("reason")}
+
+
+def _finished_twin(ctx: JobContext, config_hash: str) -> str | None:
+    try:
+        return tracking.find_finished(ctx.uri, ctx.experiment, config_hash)
+    except Exception as err:  # noqa: BLE001 - with the store down, run the job rather than guess
+        say(f"warning: resume could not ask {tracking.redact(ctx.uri)} ({type(err).__name__}); running the job")
+        return None
 
 
 def new_record(cfg: DictConfig, ctx: JobContext) -> dict:

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 # MLflow's HTTP client retries 7 times with exponential backoff by default: minutes per call when a
 # server is down. A job keeps its result.json anyway, so fail within seconds unless the user says otherwise.
-for _var, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+for _var, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"), ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")):
     os.environ.setdefault(_var, _value)
 
@@ -188,18 +188,29 @@ def end_run(uri: str, run_id: str, status: str) -> None:
 
 
 RETRY_DELAYS_S = (1, 2, 4, 8, 16)  # backoff between attempts when the store fails: about 30 s in all
+STILL_DOWN_S = 300  # after a call gave up, later calls in this process try once until one succeeds
+_gave_up_at: float | None = None
 
 
 def with_retries(what: str, fn, delays=RETRY_DELAYS_S):
-    """Call fn, retrying transient store errors with exponential backoff; the last error is raised."""
+    """Call fn, retrying transient store errors with exponential backoff; the last error is raised.
+    Once a call has given up, the store is taken for down: the next calls try once (a job then costs
+    one failed call, not another 30 s), until one succeeds or STILL_DOWN_S have passed."""
+    global _gave_up_at
+    if _gave_up_at is not None and time.monotonic() - _gave_up_at < STILL_DOWN_S:
+        delays = ()
     for delay in (*delays, None):
         try:
-            return fn()
+            result = fn()
         except Exception as err:  # noqa: BLE001 - MLflow raises many types for a store that is down
             if delay is None:
+                _gave_up_at = time.monotonic()
                 raise
             print(f"[harness] {what}: {type(err).__name__}, retrying in {delay} s", file=sys.stderr, flush=True)
             time.sleep(delay)
+        else:
+            _gave_up_at = None
+            return result
 
 
 def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, job_dir: Path) -> str:
