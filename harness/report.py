@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from harness import tracking  # noqa: E402
+from harness.summary import speedups  # noqa: E402
 
 MODE_ORDER = ("eager", "graphed", "bucketed", "compiled-nograph", "compiled")
 
@@ -23,9 +24,10 @@ def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list
     for run in tracking.children(uri, parent):
         p, m, t = run.data.params, run.data.metrics, run.data.tags
         rows.append({
-            "run_id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
+            "id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
             "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
-            "cache_len": _int(p.get("cache_len")), "median_ms": m.get("step_ms_median"),
+            "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")),
+            "median_ms": m.get("step_ms_median"),
             "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),
             "reason": t.get("failure_reason", ""),
         })
@@ -39,13 +41,6 @@ def _int(value) -> int | None:
         return None
 
 
-def speedups(rows: list[dict]) -> dict[str, float]:
-    eager = {(r["model"], r["cache_len"], r["bs"]): r["median_ms"] for r in rows
-             if r["mode"] == "eager" and r["status"] == "FINISHED"}
-    return {r["run_id"]: eager[k] / r["median_ms"] for r in rows
-            if r["status"] == "FINISHED" and (k := (r["model"], r["cache_len"], r["bs"])) in eager}
-
-
 def table_markdown(rows: list[dict]) -> str:
     """Rows: model x cache_len x bs; columns: modes; cells: median ms/step, speedup over eager, efficiency."""
     speedup = speedups(rows)
@@ -54,7 +49,7 @@ def table_markdown(rows: list[dict]) -> str:
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     for r in rows:
         key = (r["model"], r["cache_len"], r["bs"])
-        cells[key][r["mode"]] = _cell(r, speedup.get(r["run_id"]))
+        cells[key][r["mode"]] = _cell(r, speedup.get(r["id"]))
     lines = ["| model | cache_len | bs | " + " | ".join(modes) + " |", "|---|---:|---:|" + "---|" * len(modes)]
     for key in sorted(cells, key=lambda k: (k[0], k[1] or 0, k[2] or 0)):
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
@@ -77,7 +72,7 @@ def plots(rows: list[dict], out_dir: Path) -> list[Path]:
     speedup = speedups(rows)
     made = []
     for name, x, y, ylabel in (("latency_vs_bs", "bs", lambda r: r["median_ms"], "median ms/step"),
-                               ("speedup_vs_bs", "bs", lambda r: speedup.get(r["run_id"]), "speedup over eager"),
+                               ("speedup_vs_bs", "bs", lambda r: speedup.get(r["id"]), "speedup over eager"),
                                ("latency_vs_cache_len", "cache_len", lambda r: r["median_ms"], "median ms/step")):
         other = "cache_len" if x == "bs" else "bs"
         series: dict[tuple, list[tuple]] = defaultdict(list)

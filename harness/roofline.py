@@ -74,16 +74,22 @@ def ceilings(device: torch.device) -> dict[str, float]:
 
 
 def measure_ceilings(device: torch.device, copy_bytes: int = 2 << 30, n: int = 8192) -> dict[str, float]:
-    src = torch.empty(copy_bytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    copy_s = _best_of(lambda: dst.copy_(src))
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    mm_s = _best_of(lambda: torch.mm(a, b))
-    del src, dst, a, b
+    """A 2 GiB device-to-device copy (bytes read + written) and an n³ bf16 matmul on random data."""
+    ceilings = {"copy_bytes_per_s": 2 * copy_bytes / _copy_s(device, copy_bytes),
+                "bf16_flops_per_s": 2 * n**3 / _matmul_s(device, n), "measured": time.strftime("%Y-%m-%d")}
     torch.cuda.empty_cache()
-    return {"copy_bytes_per_s": 2 * copy_bytes / copy_s, "bf16_flops_per_s": 2 * n**3 / mm_s,
-            "measured": time.strftime("%Y-%m-%d")}
+    return ceilings
+
+
+def _copy_s(device: torch.device, nbytes: int) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    return _best_of(lambda: dst.copy_(src))
+
+
+def _matmul_s(device: torch.device, n: int) -> float:
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    return _best_of(lambda: torch.mm(a, b))
 
 
 def _best_of(fn, warmup: int = 3, reps: int = 10) -> float:

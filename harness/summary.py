@@ -8,20 +8,25 @@ from rich.table import Table
 from rich.text import Text
 
 
-def speedups(results: list[dict]) -> dict[str, float]:
-    """result_id -> eager median / this median, for runs with an eager twin (same model, bs, cache_len)."""
-    def key(r):
-        c = r.get("config", {})
-        return (c.get("model", {}).get("name"), c.get("bs"), c.get("cache_len"), c.get("prompt_len"))
+def speedups(rows: list[dict]) -> dict[str, float]:
+    """id -> eager's median / this run's, for runs with an eager twin (same model, cache_len, bs,
+    prompt_len). Rows: {id, status, mode, model, cache_len, bs, prompt_len, median_ms}."""
+    twin = lambda r: (r["model"], r["cache_len"], r["bs"], r["prompt_len"])  # noqa: E731
+    done = [r for r in rows if r["status"] == "FINISHED" and r["median_ms"]]
+    eager = {twin(r): r["median_ms"] for r in done if r["mode"] == "eager"}
+    return {r["id"]: eager[twin(r)] / r["median_ms"] for r in done if twin(r) in eager}
 
-    eager = {key(r): r["metrics"]["step_ms_median"] for r in results
-             if r.get("status") == "FINISHED" and r.get("config", {}).get("mode") == "eager"}
-    return {r["result_id"]: eager[key(r)] / r["metrics"]["step_ms_median"] for r in results
-            if r.get("status") == "FINISHED" and key(r) in eager}
+
+def row(result: dict) -> dict:
+    """A result file's record in the shape `speedups` reads."""
+    c = result.get("config") or {}
+    return {"id": result.get("result_id"), "status": result.get("status"), "mode": c.get("mode"),
+            "model": (c.get("model") or {}).get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
+            "prompt_len": c.get("prompt_len"), "median_ms": result.get("metrics", {}).get("step_ms_median")}
 
 
 def table(results: list[dict], title: str) -> Table:
-    speedup = speedups(results)
+    speedup = speedups([row(r) for r in results])
     t = Table(title=title, title_justify="left")
     for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median)", "right"),
                           ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 # MLflow's HTTP client retries 7 times with exponential backoff by default: minutes per call when a

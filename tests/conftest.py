@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness.sweep import compose_config as compose_cfg
-from harness.sweep import compose_run_config as run_config
+from harness.sweep import compose_config as compose_cfg  # noqa: F401 - for the tests
+from harness.sweep import compose_run_config as run_config  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["model=tiny", "decode_tokens=8", "warmup=2", "prompt_len=8", "cache_len=64"]

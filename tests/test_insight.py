@@ -1,14 +1,12 @@
 """Issue 4 on CPU: byte and FLOP counts by hand, the report on a real tiny sweep, a real mlflow server."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib.image
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness import report, tracking
+from harness import tracking
 from harness.roofline import floor, kv_read_factor, step_cost
 from harness.sweep import compose_run_config
 from tests.conftest import FAST, run_harness
