@@ -80,7 +80,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     cuda = device.type == "cuda"
 
     on_phase(mode.prepare_phase)
-    with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "capture_ms"):
+    with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
         stepper = mode.prepare(model, prompt, cfg)  # prefills first: the cache lives outside any graph pool
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
     on_phase("prefill")

@@ -46,7 +46,7 @@ def table(results: list[dict], title: str) -> Table:
     return t
 
 
-PHASES = ("build_ms", "prefill_ms", "capture_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
+PHASES = ("build_ms", "prefill_ms", "prepare_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
 
 
 def time_breakdown(results: list[dict], wall_s: float | None = None) -> str:

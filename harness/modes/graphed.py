@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 
@@ -45,8 +46,11 @@ class GraphedStepper(Stepper):
         if self.feeds_itself:
             self.tokens = torch.zeros(graph_steps, self.bs, dtype=torch.long, device=prompt.device)
         fn = self._k_steps if self.feeds_itself else self._one_step
+        start = time.perf_counter()
         warm_up_on_side_stream(fn)
         self.graph, self.logits, self.graph_bytes = capture(fn, pool)
+        torch.cuda.synchronize()
+        self.metrics["capture_ms"] = (time.perf_counter() - start) * 1e3  # side-stream warm-up + capture
         self.restart(prompt)  # warm-up advanced the cache: leave the stepper just prefilled
 
     def _one_step(self) -> torch.Tensor:
