@@ -8,7 +8,6 @@ result files, which any launcher leaves in the sweep folder.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -71,8 +70,6 @@ def run_job(cfg: DictConfig) -> dict:
     experiment = sweep.get("experiment") or OmegaConf.select(cfg, "tracking.experiment", default="harness")
     ctx = JobContext(Path(hc.runtime.output_dir), uri, experiment, sweep.get("parent_run_id"),
                      hc.job.num if multirun else 0, list(hc.overrides.task))
-    if os.environ.get("HARNESS_RERUN_OF"):
-        ctx.tags["rerun_of"] = os.environ["HARNESS_RERUN_OF"]
     if not multirun:
         return run_single(cfg, ctx)
     of = f"/{sweep['n_jobs']}" if sweep.get("n_jobs") else ""
@@ -85,11 +82,7 @@ def run_single(cfg: DictConfig, ctx: JobContext) -> dict:
     tracking.mark_abandoned_quietly(ctx.uri, ctx.experiment)
     label = new_record(cfg, ctx)["label"]
     ctx.parent = _open_parent(ctx.uri, ctx.experiment, f"run {label}", {"run_dir": str(ctx.job_dir.resolve())})
-    try:
-        outcome = execute(cfg, ctx)
-    except KeyboardInterrupt:
-        _close_parent(ctx.uri, ctx.parent, status="KILLED")
-        raise
+    outcome = execute(cfg, ctx)  # an interrupt ends the parent KILLED in there
     _close_parent(ctx.uri, ctx.parent, status="FINISHED" if outcome["status"] in ("FINISHED", "SKIPPED") else "FAILED")
     print_summary([results.read(ctx.job_dir / results.RESULT_FILE)], f"run {ctx.job_dir}", tracking.ui_command(ctx.uri))
     return outcome

@@ -17,7 +17,8 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 # MLflow's HTTP client retries 7 times with exponential backoff by default: minutes per call when a
-# server is down. A job keeps its result.json anyway, so fail within seconds unless the user says otherwise.
+# server is down. with_retries below does the retrying, with a budget of about 30 s, unless the user
+# sets these variables otherwise.
 for _var, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"), ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")):
     os.environ.setdefault(_var, _value)
@@ -68,15 +69,20 @@ def _owner() -> dict[str, str]:
     return {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid())}
 
 
+def _search(uri: str, experiment: str, filter_string: str, max_results: int = 1, **kwargs) -> list:
+    """Runs of an experiment by an MLflow filter; none where the experiment does not exist yet."""
+    found = client(uri).get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    return client(uri).search_runs([found.experiment_id], filter_string, max_results=max_results, **kwargs)
+
+
 def mark_abandoned(uri: str, experiment: str) -> list[str]:
     """RUNNING runs whose process on this host is gone (killed hard) end FAILED, reason `abandoned`.
     Runs held by other hosts are left alone: from here there is no telling whether they still run."""
     c = client(uri)
-    found = c.get_experiment_by_name(experiment)
-    if found is None:
-        return []
     marked = []
-    for run in c.search_runs([found.experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+    for run in _search(uri, experiment, "attributes.status = 'RUNNING'", max_results=1000):
         tags = run.data.tags
         if tags.get("harness.host") != socket.gethostname() or _alive(int(tags.get("harness.pid", "0"))):
             continue
@@ -107,20 +113,13 @@ def _alive(pid: int) -> bool:
 
 def find_finished(uri: str, experiment: str, config_hash: str) -> str | None:
     """The id of a FINISHED run of this exact config, if the store has one."""
-    found = client(uri).get_experiment_by_name(experiment)
-    if found is None:
-        return None
-    runs = client(uri).search_runs([found.experiment_id], f"tags.`harness.config_hash` = '{config_hash}' "
-                                   "and attributes.status = 'FINISHED'", max_results=1)
+    runs = _search(uri, experiment, f"tags.`harness.config_hash` = '{config_hash}' and attributes.status = 'FINISHED'")
     return runs[0].info.run_id if runs else None
 
 
 def find_result(uri: str, experiment: str, result_id: str) -> str | None:
     """The run already logged from this result file, if any: what makes `harness sync` idempotent."""
-    found = client(uri).get_experiment_by_name(experiment)
-    if found is None:
-        return None
-    runs = client(uri).search_runs([found.experiment_id], f"tags.`harness.result_id` = '{result_id}'", max_results=1)
+    runs = _search(uri, experiment, f"tags.`harness.result_id` = '{result_id}'")
     return runs[0].info.run_id if runs else None
 
 
@@ -148,9 +147,7 @@ def experiment_name(uri: str, run) -> str:
 
 
 def newest_sweep(uri: str, experiment: str):
-    found = client(uri).get_experiment_by_name(experiment)
-    runs = [] if found is None else client(uri).search_runs(
-        [found.experiment_id], "tags.`harness.kind` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    runs = _search(uri, experiment, "tags.`harness.kind` = 'sweep'", order_by=["attributes.start_time DESC"])
     if not runs:
         raise StoreError(f"no sweep in experiment {experiment!r} of {redact(uri)}")
     return runs[0]
