@@ -4,8 +4,10 @@ BasicSweeper composes every job before launching any, and one bad value (`mode=e
 aborts the whole sweep. This sweeper records such a job as FAILED with Hydra's own error and
 launches the rest. It also orders jobs by model, so a process builds each model once.
 """
-
+# No `from __future__ import annotations` here: Hydra imports plugin modules by path, outside
+# sys.modules, and dataclasses then cannot resolve string annotations.
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -60,7 +62,5 @@ class HarnessSweeper(BasicSweeper):
         say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected → {self._sweep_dir()}")
         return legal
 
-    def _sweep_dir(self):
-        from pathlib import Path
-
+    def _sweep_dir(self) -> Path:
         return Path(self.config.hydra.sweep.dir)
