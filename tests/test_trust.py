@@ -146,3 +146,28 @@ def test_no_environment_value_is_logged(workdir):
 def test_credentials_in_a_tracking_uri_are_redacted():
     assert redact("https://user:tok3n@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
     assert redact("sqlite:////tmp/mlruns/mlflow.db") == "sqlite:////tmp/mlruns/mlflow.db"
+
+
+def test_harness_ui_serves_the_store_on_loopback_only(workdir):
+    import time
+    import urllib.request
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "ui", "--port", str(port)], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline, status = time.time() + 90, None
+        while time.time() < deadline and status != 200:
+            try:
+                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert f"mlflow ui --backend-store-uri sqlite:///{workdir}/mlruns/mlflow.db --host 127.0.0.1 --port {port}" in err
