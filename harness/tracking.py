@@ -213,9 +213,13 @@ def with_retries(what: str, fn, delays=RETRY_DELAYS_S):
 def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, job_dir: Path) -> str:
     """Log one job, retrying while the store is down. Idempotent: a partly logged attempt is removed
     before the next, so a result becomes exactly one run."""
+    attempts = 0
+
     def attempt() -> str:
-        if (partial := find_result(uri, experiment, result["result_id"])) is not None:
-            client(uri).delete_run(partial)
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1 and (partial := find_result(uri, experiment, result["result_id"])) is not None:
+            client(uri).delete_run(partial)  # only a failed attempt can have left one
         return _log_job(uri, experiment, parent_run_id, result, job_dir)
 
     return with_retries(f"logging {result['label']}", attempt)

@@ -62,5 +62,8 @@ class HarnessSweeper(BasicSweeper):
         say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected → {self._sweep_dir()}")
         return legal
 
+    def validate_batch_is_legal(self, batch) -> None:
+        """get_job_batch has composed every job of the batch already: don't compose them twice."""
+
     def _sweep_dir(self) -> Path:
         return Path(self.config.hydra.sweep.dir)
