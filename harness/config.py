@@ -36,9 +36,8 @@ class DType(Enum):
     fp32 = "fp32"
 
 
-class Attn(Enum):
-    sdpa = "sdpa"
-    eager = "eager"
+# sdpa-gqa: decode attends on the KV heads, without repeat_kv (harness/models.py)
+Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "eager")})
 
 
 def _require(ok: bool, message: str) -> None:
@@ -152,8 +151,8 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return run_label(self.model.name, self.bs, self.cache_len, self.mode.value, self.graph_steps,
-                         self.model.fuse_projections)
+        return run_label(self.model.name, self.bs, self.cache_len, run_variant(
+            self.mode.value, self.graph_steps, self.model.fuse_projections, self.attn.value, self.compile_mode))
 
 
 # Keys that say where a run is stored or how it is scheduled, not what it measures.
@@ -170,10 +169,18 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def run_label(model: Any, bs: Any, cache_len: Any, mode: Any, graph_steps: Any = 1, fused: Any = False) -> str:
+def run_variant(mode: Any, graph_steps: Any = 1, fused: Any = False, attn: Any = "sdpa", compile_mode: Any = None) -> str:
+    """The mode and any option that changes what a step runs, e.g. `compiled max-autotune fused sdpa-gqa`."""
+    extras = [f"steps={graph_steps}" if str(graph_steps) not in ("1", "?") else "",
+              str(compile_mode) if compile_mode not in (None, "None", "null", "?") else "",
+              "fused" if str(fused).lower() == "true" else "",
+              str(attn) if str(attn) not in ("sdpa", "?") else ""]
+    return " ".join([str(mode), *filter(None, extras)])
+
+
+def run_label(model: Any, bs: Any, cache_len: Any, variant: str) -> str:
     """The human-readable run name, e.g. `qwen3-0.6b bs=4 cache=1024 graphed`."""
-    extras = (f" steps={graph_steps}" if graph_steps not in (1, "1", "?") else "") + (" fused" if fused is True else "")
-    return f"{model} bs={bs} cache={cache_len} {mode}{extras}"
+    return f"{model} bs={bs} cache={cache_len} {variant}"
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -58,6 +58,7 @@ def gpu_facts(index: int) -> dict[str, str]:
     return facts
 
 
+TUNING_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_CUDNN_", "CUBLAS_", "CUBLASLT_", "NVIDIA_TF32")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -85,4 +86,6 @@ def environment_tags(device: torch.device) -> dict[str, str]:
         tags.update(gpu_facts(device.index if device.index is not None else torch.cuda.current_device()))
     else:
         tags["cpu"] = platform.processor() or platform.machine()
+    # Switches that change what a run measures without appearing in its config
+    tags.update({name: value for name, value in os.environ.items() if name.startswith(TUNING_ENV_PREFIXES)})
     return tags

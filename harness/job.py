@@ -128,7 +128,7 @@ def _speed_of_light(arch: dict, cfg: RunConfig, mode: DecodeMode, device: torch.
                     tags: dict) -> dict[str, float]:
     """Bytes and FLOPs per step; on a GPU also the floor they set and how close the run came to it."""
     cost = step_cost(arch, cfg.bs, cfg.cache_len, DTYPE_BYTES[cfg.dtype.value],
-                     compiled=mode.name.startswith("compiled"))
+                     compiled=mode.name.startswith("compiled"), attn=cfg.attn.value)
     if device.type != "cuda":
         return cost
     ceil = ceilings(device)

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from harness import tracking  # noqa: E402
+from harness.config import run_variant  # noqa: E402
 from harness.summary import speedups  # noqa: E402
 
 MODE_ORDER = ("eager", "graphed", "bucketed", "compiled-nograph", "compiled")
@@ -26,7 +27,9 @@ def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list
         rows.append({
             "id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
             "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
-            "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")),
+            "variant": run_variant(p.get("mode", "?"), p.get("graph_steps", 1), p.get("model.fuse_projections"),
+                                   p.get("attn", "sdpa"), p.get("compile_mode")),
+            "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")), "dtype": p.get("dtype"),
             "median_ms": m.get("step_ms_median"),
             "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),
             "reason": t.get("failure_reason", ""),
@@ -42,14 +45,15 @@ def _int(value) -> int | None:
 
 
 def table_markdown(rows: list[dict]) -> str:
-    """Rows: model x cache_len x bs; columns: modes; cells: median ms/step, speedup over eager, efficiency."""
+    """Rows: model x cache_len x bs; columns: modes and their variants (fused, steps=4, ...);
+    cells: median ms/step, speedup over eager, efficiency."""
     speedup = speedups(rows)
-    modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in rows)]
-    modes += sorted({r["mode"] for r in rows} - set(modes))
+    order = lambda v: (MODE_ORDER.index(v.split()[0]) if v.split()[0] in MODE_ORDER else len(MODE_ORDER), v)  # noqa: E731
+    modes = sorted({r["variant"] for r in rows}, key=order)
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     for r in rows:
         key = (r["model"], r["cache_len"], r["bs"])
-        cells[key][r["mode"]] = _cell(r, speedup.get(r["id"]))
+        cells[key][r["variant"]] = _cell(r, speedup.get(r["id"]))
     lines = ["| model | cache_len | bs | " + " | ".join(modes) + " |", "|---|---:|---:|" + "---|" * len(modes)]
     for key in sorted(cells, key=lambda k: (k[0], k[1] or 0, k[2] or 0)):
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
@@ -78,7 +82,7 @@ def plots(rows: list[dict], out_dir: Path) -> list[Path]:
         series: dict[tuple, list[tuple]] = defaultdict(list)
         for r in ok:
             if y(r) is not None:
-                series[(r["model"], r["mode"], f"{other}={r[other]}")].append((r[x], y(r)))
+                series[(r["model"], r["variant"], f"{other}={r[other]}")].append((r[x], y(r)))
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -6,8 +6,9 @@ What is counted, per step of a batch of `bs` rows (B = bytes per element):
   with tied embeddings the one matrix is read in full by lm_head.
 - KV cache: a StaticCache hands SDPA all `cache_len` positions of every layer (masked, not sliced),
   so attention reads K and V in full: 2 x layers x bs x kv_heads x cache_len x head_dim x B. Where
-  transformers expands K/V to the query heads with repeat_kv (older releases, or under
-  torch.compile), that copy is written and read again: (1 + 2 x n_rep) times the K/V bytes.
+  transformers expands K/V to the query heads with repeat_kv (eager attention, older releases, or
+  SDPA under torch.compile), that copy is written and read again: (1 + 2 x n_rep) times the K/V
+  bytes. attn=sdpa-gqa never expands them.
 - activations: the hidden states, projections and MLP intermediates each written and read once per
   layer, and the logits written and read once (by the argmax).
 - FLOPs: 2 per weight per row for every matmul (lm_head included, the embedding gather excluded),
@@ -27,13 +28,15 @@ import transformers.integrations.sdpa_attention as hf_sdpa
 CEILINGS_FILE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")) / "ceilings.json"
 
 
-def kv_read_factor(n_rep: int, compiled: bool) -> int:
+def kv_read_factor(n_rep: int, compiled: bool, attn: str = "sdpa") -> int:
     """How many times the K/V bytes cross memory for one decode step's attention."""
-    packs_gqa = hasattr(hf_sdpa, "pack_gqa") and not compiled  # a query of one token reshaped onto the KV heads
+    # a query of one token reshaped onto the KV heads: ours always, transformers' own in eager only
+    packs_gqa = attn == "sdpa-gqa" or (attn == "sdpa" and hasattr(hf_sdpa, "pack_gqa") and not compiled)
     return 1 if n_rep == 1 or packs_gqa else 1 + 2 * n_rep
 
 
-def step_cost(arch: dict, bs: int, cache_len: int, dtype_bytes: int, compiled: bool = False) -> dict[str, float]:
+def step_cost(arch: dict, bs: int, cache_len: int, dtype_bytes: int, compiled: bool = False,
+              attn: str = "sdpa") -> dict[str, float]:
     """Bytes and FLOPs of one decode step, from the architecture alone (see the module docstring)."""
     h, inter, layers = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"]
     heads, kv_heads, hd, vocab = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"]
@@ -43,7 +46,7 @@ def step_cost(arch: dict, bs: int, cache_len: int, dtype_bytes: int, compiled: b
     # the bs embedding rows looked up: tied or not, the table is read in full only by lm_head
     weights_read = matmul_weights + norm_weights + bs * h
     kv = 2 * layers * bs * kv_dim * cache_len
-    kv_read = kv * kv_read_factor(heads // kv_heads, compiled)
+    kv_read = kv * kv_read_factor(heads // kv_heads, compiled, attn)
     activations = layers * bs * (10 * h + 3 * inter + 2 * (q_dim + 2 * kv_dim)) + 2 * bs * vocab
     flops = 2 * bs * matmul_weights + layers * 4 * bs * heads * hd * cache_len
     weight_bytes, kv_bytes, act_bytes = (x * dtype_bytes for x in (weights_read, kv_read, activations))

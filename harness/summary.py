@@ -7,22 +7,32 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.config import run_variant
+
 
 def speedups(rows: list[dict]) -> dict[str, float]:
     """id -> eager's median / this run's, for runs with an eager twin (same model, cache_len, bs,
-    prompt_len). Rows: {id, status, mode, model, cache_len, bs, prompt_len, median_ms}."""
-    twin = lambda r: (r["model"], r["cache_len"], r["bs"], r["prompt_len"])  # noqa: E731
+    prompt_len, dtype). Where a sweep holds several eager variants (fused, another attn), the plain
+    one is the baseline. Rows: {id, status, mode, variant, model, cache_len, bs, prompt_len, dtype, median_ms}."""
+    twin = lambda r: (r["model"], r["cache_len"], r["bs"], r["prompt_len"], r.get("dtype"))  # noqa: E731
     done = [r for r in rows if r["status"] == "FINISHED" and r["median_ms"]]
-    eager = {twin(r): r["median_ms"] for r in done if r["mode"] == "eager"}
-    return {r["id"]: eager[twin(r)] / r["median_ms"] for r in done if twin(r) in eager}
+    eager: dict[tuple, dict] = {}
+    for r in (r for r in done if r["mode"] == "eager"):
+        if twin(r) not in eager or r.get("variant", "eager") == "eager":
+            eager[twin(r)] = r
+    return {r["id"]: eager[twin(r)]["median_ms"] / r["median_ms"] for r in done if twin(r) in eager}
 
 
 def row(result: dict) -> dict:
     """A result file's record in the shape `speedups` reads."""
     c = result.get("config") or {}
+    model = c.get("model") or {}
     return {"id": result.get("result_id"), "status": result.get("status"), "mode": c.get("mode"),
-            "model": (c.get("model") or {}).get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
-            "prompt_len": c.get("prompt_len"), "median_ms": result.get("metrics", {}).get("step_ms_median")}
+            "variant": run_variant(c.get("mode"), c.get("graph_steps", 1), model.get("fuse_projections", False),
+                                   c.get("attn", "sdpa"), c.get("compile_mode")),
+            "model": model.get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
+            "prompt_len": c.get("prompt_len"), "dtype": c.get("dtype"),
+            "median_ms": result.get("metrics", {}).get("step_ms_median")}
 
 
 def table(results: list[dict], title: str) -> Table:

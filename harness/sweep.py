@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness import results, tracking
-from harness.config import ConfigError, RunConfig, config_hash, run_label, to_run_config
+from harness.config import ConfigError, RunConfig, config_hash, run_label, run_variant, to_run_config
 from harness.job import JobError, measure
 from harness.progress import say
 from harness.summary import print_summary
@@ -133,8 +133,8 @@ def new_record(cfg: DictConfig, ctx: JobContext) -> dict:
 
     return {
         "result_id": uuid.uuid4().hex,
-        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), sel("mode"), sel("graph_steps"),
-                           sel("model.fuse_projections")),
+        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), run_variant(
+            sel("mode"), sel("graph_steps"), sel("model.fuse_projections"), sel("attn"), sel("compile_mode"))),
         "job_num": ctx.job_num,
         "job_dir": str(ctx.job_dir.resolve()),
         "overrides": ctx.overrides,
@@ -204,9 +204,10 @@ def record_rejected(sweep_cfg: DictConfig, overrides: list[str], reason: str, in
     ctx = JobContext(sweep_dir / f"rejected-{index}", sweep.get("tracking_uri") or tracking.resolve_uri(sweep_cfg.tracking.uri),
                      sweep.get("experiment", sweep_cfg.tracking.experiment), sweep.get("parent_run_id"), None, overrides)
     values = dict(o.split("=", 1) for o in overrides if "=" in o)
+    default_mode = getattr(sweep_cfg.mode, "value", sweep_cfg.mode)
     record = new_record(OmegaConf.create({}), ctx)
     record.update(label=run_label(values.get("model", sweep_cfg.model.name), values.get("bs", sweep_cfg.bs),
-                                  values.get("cache_len", sweep_cfg.cache_len), values.get("mode", sweep_cfg.mode)),
+                                  values.get("cache_len", sweep_cfg.cache_len), values.get("mode", default_mode)),
                   status="FAILED", reason=reason, config={})
     finish(record, ctx)
     say(f"rejected {' '.join(overrides)}: {reason}")

@@ -7,7 +7,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import tracking
+from harness.config import run_variant
+from harness.report import table_markdown
 from harness.roofline import floor, kv_read_factor, step_cost
+from harness.summary import speedups
 from harness.sweep import compose_run_config
 from tests.conftest import FAST, run_harness
 from tests.test_sweep import runs_by_kind, store
@@ -55,6 +58,22 @@ def test_kv_copies_are_counted_where_transformers_repeats_kv():
     assert kv_read_factor(2, compiled=True) == 5  # read K/V, write the 2x copy, read it
     cost = lambda compiled: step_cost(QWEN, 1, 1024, 2, compiled)["kv_bytes"]  # noqa: E731
     assert cost(True) == 5 * 2 * 28 * 8 * 128 * 1024 * 2 and cost(True) >= cost(False)
+    assert kv_read_factor(2, compiled=True, attn="sdpa-gqa") == 1  # the packed query reads K/V once
+    assert kv_read_factor(2, compiled=False, attn="eager") == 5  # eager attention always repeats
+
+
+def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
+    assert run_variant("compiled", "1", "True", "sdpa-gqa", "max-autotune") == "compiled max-autotune fused sdpa-gqa"
+    assert run_variant("graphed", 4, False, "sdpa", None) == "graphed steps=4"
+    runs = [("eager", "eager fused", 8.0), ("eager", "eager", 10.0), ("compiled", "compiled fused", 2.0),
+            ("compiled", "compiled max-autotune fused", 1.0)]
+    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, prompt_len=8, dtype="bf16", mode=mode,
+                 variant=variant, median_ms=ms, efficiency=None, floor_ms=None, reason="")
+            for i, (mode, variant, ms) in enumerate(runs)]
+    assert speedups(rows) == {0: 1.25, 1: 1.0, 2: 5.0, 3: 10.0}
+    header, _, cells = table_markdown(rows).splitlines()
+    assert header == "| model | cache_len | bs | eager | eager fused | compiled fused | compiled max-autotune fused |"
+    assert cells.startswith("| tiny | 64 | 1 | 10.000 ms, 1.00x | 8.000 ms, 1.25x | 2.000 ms, 5.00x |")
 
 
 def test_report_on_a_real_tiny_sweep(workdir):

@@ -152,3 +152,11 @@ def test_the_physical_gpu_is_found_through_cuda_visible_devices(monkeypatch):
     assert _visible_gpu(0) == "GPU-9859b9d6-b2f2-30f8-6d9e-af659d812857"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert _visible_gpu(1) == "1"
+
+
+def test_tuning_switches_set_in_the_environment_are_recorded(monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
+    monkeypatch.setenv("HARNESS_UNRELATED", "x")
+    result = measure(run_config(*FAST, "device=cpu"))
+    assert result["environment"]["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
+    assert "HARNESS_UNRELATED" not in result["environment"]

@@ -116,6 +116,28 @@ def test_fused_model_decodes_the_same_tokens():
     assert fused["architecture"]["parameters"] == plain["architecture"]["parameters"]
 
 
+def test_packed_gqa_attention_decodes_as_transformers_sdpa_does(monkeypatch):
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2").model
+    plain = models._load(cfg, torch.float32, "sdpa", CPU, seed=0)[0]
+    packed = models._load(cfg, torch.float32, "sdpa-gqa", CPU, seed=0)[0]
+    prompt = seeded_prompt(2, 8, plain.config.vocab_size, 0, CPU)
+    with torch.inference_mode():
+        reference, ours = EagerStepper(plain, prompt, 64), EagerStepper(packed, prompt, 64)
+        query_shapes = []
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(models.F, "scaled_dot_product_attention",
+                            lambda q, *a, **kw: query_shapes.append(tuple(q.shape)) or sdpa(q, *a, **kw))
+        for _ in range(6):
+            a = reference.step()
+            del query_shapes[:]
+            b = ours.step()
+            assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+            # 4 query heads on 2 KV heads: each layer attended as [bs, kv_heads, groups, head_dim]
+            assert query_shapes == [(2, 2, 2, 16)] * cfg.num_hidden_layers
+            for stepper in (reference, ours):
+                stepper.input_ids.copy_(a.argmax(dim=-1, keepdim=True))
+
+
 def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32"))
     assert "failure" not in result

@@ -29,11 +29,14 @@ class CompiledStepper(Stepper):
         super().__init__(model, prompt, cache_len)
         torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
         self.fn, self.mark_steps = compiled_step(model, compile_mode), mark_steps
+        before = _graph_pool_bytes(prompt.device)
         start = time.perf_counter()
         for _ in range(COMPILE_WARMUP):
             self.step()
         torch.cuda.synchronize() if prompt.is_cuda else None
         self.metrics["compile_ms"] = (time.perf_counter() - start) * 1e3
+        # the growth of the one pool that cudagraph trees share across the process's compiled graphs
+        self.graph_bytes = _graph_pool_bytes(prompt.device) - before
         self.restart(prompt)
 
     def step(self):
@@ -67,6 +70,21 @@ class CompiledNoGraphMode(CompiledMode):
 
     name = "compiled-nograph"
     needs_cuda = False
+
+
+def _graph_pool_bytes(device: torch.device) -> int:
+    """Bytes reserved by the private pool into which cudagraph trees record every compiled graph."""
+    if device.type != "cuda":
+        return 0
+    from torch._inductor import cudagraph_trees  # the pool has no public handle
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+    if manager is None:  # no graph recorded yet (or compiled-nograph)
+        return 0
+    pool = tuple(manager.cuda_graphs_thread_pool)
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if seg["device"] == index and tuple(seg["segment_pool_id"]) == pool)
 
 
 def _compiler_missing(device: torch.device) -> str | None:
