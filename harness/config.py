@@ -11,7 +11,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from operator import attrgetter
+from typing import Any, List, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -151,8 +152,8 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return run_label(self.model.name, self.bs, self.cache_len, run_variant(
-            self.mode.value, self.graph_steps, self.model.fuse_projections, self.attn.value, self.compile_mode))
+        return run_label(self.model.name, self.bs, self.cache_len,
+                         run_variant({key: attrgetter(key)(self) for key in VARIANT_KEYS}))
 
 
 # Keys that say where a run is stored or how it is scheduled, not what it measures.
@@ -169,13 +170,20 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def run_variant(mode: Any, graph_steps: Any = 1, fused: Any = False, attn: Any = "sdpa", compile_mode: Any = None) -> str:
-    """The mode and any option that changes what a step runs, e.g. `compiled max-autotune fused sdpa-gqa`."""
-    extras = [f"steps={graph_steps}" if str(graph_steps) not in ("1", "?") else "",
-              str(compile_mode) if compile_mode not in (None, "None", "null", "?") else "",
-              "fused" if str(fused).lower() == "true" else "",
-              str(attn) if str(attn) not in ("sdpa", "?") else ""]
-    return " ".join([str(mode), *filter(None, extras)])
+# The keys that name a run's variant, dotted as in a run's MLflow params
+VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
+_UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
+
+
+def run_variant(flat: Mapping[str, Any]) -> str:
+    """The mode and any option that changes what a step runs, e.g. `compiled max-autotune fused sdpa-gqa`,
+    from a config's VARIANT_KEYS: MLflow params, a flattened result config, or values read from a config."""
+    mode, steps, fused, attn, compile_mode = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
+    extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
+              compile_mode if compile_mode not in _UNSET else "",
+              "fused" if fused.lower() == "true" else "",
+              attn if attn not in (*_UNSET, "sdpa") else ""]
+    return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras)])
 
 
 def run_label(model: Any, bs: Any, cache_len: Any, variant: str) -> str:

@@ -27,8 +27,7 @@ def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list
         rows.append({
             "id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
             "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
-            "variant": run_variant(p.get("mode", "?"), p.get("graph_steps", 1), p.get("model.fuse_projections"),
-                                   p.get("attn", "sdpa"), p.get("compile_mode")),
+            "variant": run_variant(p),
             "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")), "dtype": p.get("dtype"),
             "median_ms": m.get("step_ms_median"),
             "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 
+from harness.timing import median_call_ms
+
 CEILINGS_FILE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")) / "ceilings.json"
 
 
@@ -87,23 +89,15 @@ def measure_ceilings(device: torch.device, copy_bytes: int = 2 << 30, n: int = 8
 def _copy_s(device: torch.device, nbytes: int) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
     dst = torch.empty_like(src)
-    return _best_of(lambda: dst.copy_(src))
+    return _median_s(lambda: dst.copy_(src))
 
 
 def _matmul_s(device: torch.device, n: int) -> float:
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    return _best_of(lambda: torch.mm(a, b))
+    return _median_s(lambda: torch.mm(a, b))
 
 
-def _best_of(fn, warmup: int = 3, reps: int = 10) -> float:
+def _median_s(fn, warmup: int = 3, reps: int = 10) -> float:
     for _ in range(warmup):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
+    return median_call_ms(fn, reps) / 1e3

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.config import run_variant
+from harness.tracking import flatten
 
 
 def speedups(rows: list[dict]) -> dict[str, float]:
@@ -28,8 +29,7 @@ def row(result: dict) -> dict:
     c = result.get("config") or {}
     model = c.get("model") or {}
     return {"id": result.get("result_id"), "status": result.get("status"), "mode": c.get("mode"),
-            "variant": run_variant(c.get("mode"), c.get("graph_steps", 1), model.get("fuse_projections", False),
-                                   c.get("attn", "sdpa"), c.get("compile_mode")),
+            "variant": run_variant(flatten(c)),
             "model": model.get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
             "prompt_len": c.get("prompt_len"), "dtype": c.get("dtype"),
             "median_ms": result.get("metrics", {}).get("step_ms_median")}

@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness import results, tracking
-from harness.config import ConfigError, RunConfig, config_hash, run_label, run_variant, to_run_config
+from harness.config import VARIANT_KEYS, ConfigError, RunConfig, config_hash, run_label, run_variant, to_run_config
 from harness.job import JobError, measure
 from harness.progress import say
 from harness.summary import print_summary
@@ -133,8 +133,8 @@ def new_record(cfg: DictConfig, ctx: JobContext) -> dict:
 
     return {
         "result_id": uuid.uuid4().hex,
-        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"), run_variant(
-            sel("mode"), sel("graph_steps"), sel("model.fuse_projections"), sel("attn"), sel("compile_mode"))),
+        "label": run_label(sel("model.name"), sel("bs"), sel("cache_len"),
+                           run_variant({key: sel(key) for key in VARIANT_KEYS})),
         "job_num": ctx.job_num,
         "job_dir": str(ctx.job_dir.resolve()),
         "overrides": ctx.overrides,

@@ -63,8 +63,10 @@ def test_kv_copies_are_counted_where_transformers_repeats_kv():
 
 
 def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
-    assert run_variant("compiled", "1", "True", "sdpa-gqa", "max-autotune") == "compiled max-autotune fused sdpa-gqa"
-    assert run_variant("graphed", 4, False, "sdpa", None) == "graphed steps=4"
+    params = {"mode": "compiled", "graph_steps": "1", "model.fuse_projections": "True", "attn": "sdpa-gqa",
+              "compile_mode": "max-autotune"}  # as MLflow logs them
+    assert run_variant(params) == "compiled max-autotune fused sdpa-gqa"
+    assert run_variant({"mode": "graphed", "graph_steps": 4, "model.fuse_projections": False}) == "graphed steps=4"
     runs = [("eager", "eager fused", 8.0), ("eager", "eager", 10.0), ("compiled", "compiled fused", 2.0),
             ("compiled", "compiled max-autotune fused", 1.0)]
     rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, prompt_len=8, dtype="bf16", mode=mode,
