@@ -9,12 +9,12 @@ import hydra
 from omegaconf import DictConfig
 
 import harness.config  # noqa: F401 - registers the schema in Hydra's ConfigStore
-from harness import sweep
+from harness import app
 
 
-@hydra.main(version_base="1.3", config_path=sweep.CONF_DIR, config_name="config")
-def _job(cfg: DictConfig) -> dict:
-    return sweep.run_job(cfg)
+@hydra.main(version_base="1.3", config_path=app.CONF_DIR, config_name="config")
+def _job(cfg: DictConfig) -> None:
+    app.run_job(cfg)
 
 
 def _interrupt(signum, frame):
@@ -32,7 +32,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("[harness] interrupted: the current run and its sweep are recorded KILLED", file=sys.stderr)
         sys.exit(130)
-    sys.exit(sweep.exit_status())
+    sys.exit(app.exit_status())
 
 
 def _commands() -> tuple[str, ...]:

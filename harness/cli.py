@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 from harness import results, tracking
 from harness.config import ConfigError, to_run_config
 from harness.progress import say
+from harness.record import JobRecord, exit_code
 from harness.summary import print_summary
-from harness.sweep import JobContext, execute
+from harness.runner import JobContext, execute
 
 COMMANDS = ("rerun", "sync", "ui", "report")
 
@@ -58,7 +59,7 @@ def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
     if not runs:
         raise ConfigError(f"run {run_id} is a sweep with no job runs to rerun")
     configs = [(run, rerun_config(tracking.load_config(uri, run.info.run_id), overrides)) for run in runs]
-    parent = tracking.start_parent(uri, experiment, f"rerun of {source.info.run_name}",
+    parent = tracking.start_parent(uri, experiment, f"rerun of {source.info.run_name}", "rerun",
                                    {"rerun_of": run_id, "overrides": " ".join(overrides)})
     out_dir = Path("outputs") / "reruns" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     outcomes = []
@@ -66,12 +67,11 @@ def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
         ctx = JobContext(out_dir / str(i), uri, experiment, parent, i, overrides, progress=f"rerun {i + 1}/{len(configs)}",
                          tags={"rerun_of": run.info.run_id})
         outcomes.append(execute(cfg, ctx))
-    failed = sum(o["status"] != "FINISHED" for o in outcomes)
+    failed = exit_code(outcomes)
     tracking.end_run(uri, parent, "FAILED" if failed else "FINISHED")
-    new = [results.read(p) for p in results.find(out_dir)]
-    print_summary(new, f"rerun of {run_id} in {out_dir}", tracking.ui_command(uri))
-    print_side_by_side(runs, new)
-    return 1 if failed else 0
+    print_summary(outcomes, f"rerun of {run_id} in {out_dir}", tracking.ui_command(uri))
+    print_side_by_side(runs, outcomes)
+    return failed
 
 
 def rerun_config(logged: dict, overrides: list[str]):
@@ -82,14 +82,14 @@ def rerun_config(logged: dict, overrides: list[str]):
     return OmegaConf.structured(to_run_config(changed))
 
 
-def print_side_by_side(old_runs, new_records) -> None:
+def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:
     print("old run → rerun: median step ms, wall ms/token")
     for old, new in zip(old_runs, new_records):
-        o, n = old.data.metrics, new.get("metrics", {})
+        o, n = old.data.metrics, new.metrics
         fmt = lambda m, k: f"{m[k]:.3f}" if k in m else "-"  # noqa: E731
         print(f"  {old.info.run_name}: {fmt(o, 'step_ms_median')} → {fmt(n, 'step_ms_median')}, "
               f"{fmt(o, 'wall_ms_per_token')} → {fmt(n, 'wall_ms_per_token')}  ({old.info.run_id} → "
-              f"{new.get('mlflow_run_id', 'not logged')})")
+              f"{new.mlflow_run_id or 'not logged'})")
 
 
 def sync(uri: str, output_dir: Path, experiment: str | None) -> int:
@@ -105,15 +105,16 @@ def sync(uri: str, output_dir: Path, experiment: str | None) -> int:
             say(f"error: {err}")
             bad += 1
             continue
-        exp = experiment or record.get("experiment", "harness")
+        exp = experiment or record.experiment
         tracking.mark_abandoned(uri, exp)
-        if record["status"] == "SKIPPED" or tracking.find_result(uri, exp, record["result_id"]):
+        if record.status == "SKIPPED" or tracking.find_result(uri, exp, record.result_id):
             present += 1
             continue
-        parent = record.get("parent_run_id")
+        parent = record.parent_run_id
         if not (parent and tracking.run_exists(uri, parent)):
             if exp not in parents:
-                parents[exp] = tracking.start_parent(uri, exp, f"sync {output_dir}", {"sync_dir": str(output_dir.resolve())})
+                parents[exp] = tracking.start_parent(uri, exp, f"sync {output_dir}", "sync",
+                                                     {"sync_dir": str(output_dir.resolve())})
             parent = parents[exp]
         tracking.log_job(uri, exp, parent, record, path.parent)
         imported += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
@@ -17,18 +18,11 @@ from typing import Any, List, Mapping, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from harness.modes import MODES
+
 
 class ConfigError(ValueError):
     """Bad input, reported as one line naming the value and what would be valid."""
-
-
-# Names as users type them (`compiled-nograph` has a hyphen, hence the functional form).
-MODE_NAMES = ("eager", "graphed", "bucketed", "compiled-nograph", "compiled")
-Mode = Enum("Mode", {name: name for name in MODE_NAMES})
-GRAPH_STEP_MODES = ("graphed", "bucketed")  # the modes whose own graphs can hold several steps
-# torch.compile modes each compiled mode accepts; the first is its default
-COMPILE_MODES = {"compiled": ("reduce-overhead", "max-autotune"),
-                 "compiled-nograph": ("default", "max-autotune-no-cudagraphs")}
 
 
 class DType(Enum):
@@ -48,10 +42,11 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclass
 class ModelConfig:
-    """A decoder-only architecture (transformers `model_type`) plus where its weights come from."""
+    """A decoder-only architecture (transformers `model_type`) plus where its weights come from.
+    The architecture has no defaults here: each preset in conf/model/ states all of it."""
 
     name: str = MISSING
-    model_type: str = "qwen3"
+    model_type: str = MISSING
     vocab_size: int = MISSING
     hidden_size: int = MISSING
     intermediate_size: int = MISSING
@@ -59,10 +54,10 @@ class ModelConfig:
     num_attention_heads: int = MISSING
     num_key_value_heads: int = MISSING
     head_dim: int = MISSING
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 40960
+    rms_norm_eps: float = MISSING
+    rope_theta: float = MISSING
+    tie_word_embeddings: bool = MISSING
+    max_position_embeddings: int = MISSING
     # A local checkpoint directory (config.json + *.safetensors) or a hub id; None = seeded random weights.
     weights: Optional[str] = None
     # Merge q/k/v into one linear and gate/up into one: fewer, larger GEMMs per layer, same outputs.
@@ -98,7 +93,7 @@ class RunConfig:
     model: ModelConfig = MISSING
     bs: int = 1
     cache_len: int = 256
-    mode: Mode = Mode.eager
+    mode: str = "eager"  # a name in harness.modes.MODES
     prompt_len: int = 16
     decode_tokens: int = 128
     warmup: int = 10
@@ -115,6 +110,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        _require(self.mode in MODES, f"mode={self.mode} is invalid: use one of {', '.join(MODES)}")
         _require(self.bs >= 1, f"bs={self.bs} is invalid: the batch size must be >= 1")
         _require(self.prompt_len >= 1, f"prompt_len={self.prompt_len} is invalid: it must be >= 1")
         _require(self.decode_tokens >= 2,
@@ -141,19 +137,19 @@ class RunConfig:
         _require(all(x < y for x, y in zip(b, b[1:])),
                  f"buckets={b} is invalid: list them in increasing order without repeats, e.g. {sorted(set(b))}")
         _require(self.graph_steps >= 1, f"graph_steps={self.graph_steps} is invalid: it must be >= 1")
-        _require(self.graph_steps == 1 or self.mode.value in GRAPH_STEP_MODES,
-                 f"graph_steps={self.graph_steps} applies to mode={' or mode='.join(GRAPH_STEP_MODES)} only, "
-                 f"not mode={self.mode.value}")
+        stepped = [m.name for m in MODES.values() if m.graph_steps]
+        _require(self.graph_steps == 1 or MODES[self.mode].graph_steps,
+                 f"graph_steps={self.graph_steps} applies to mode={' or mode='.join(stepped)} only, "
+                 f"not mode={self.mode}")
         if self.compile_mode is not None:
-            allowed = COMPILE_MODES.get(self.mode.value, ())
+            allowed = MODES[self.mode].compile_modes
             _require(self.compile_mode in allowed,
-                     f"compile_mode={self.compile_mode} is invalid for mode={self.mode.value}: "
+                     f"compile_mode={self.compile_mode} is invalid for mode={self.mode}: "
                      + (f"use one of {', '.join(allowed)}" if allowed else "only the compiled modes take it"))
 
     @property
     def label(self) -> str:
-        return run_label(self.model.name, self.bs, self.cache_len,
-                         run_variant({key: attrgetter(key)(self) for key in VARIANT_KEYS}))
+        return run_label({key: attrgetter(key)(self) for key in LABEL_KEYS})
 
 
 # Keys that say where a run is stored or how it is scheduled, not what it measures.
@@ -172,6 +168,7 @@ def _round_up(n: int, k: int) -> int:
 
 # The keys that name a run's variant, dotted as in a run's MLflow params
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
+LABEL_KEYS = ("model.name", "bs", "cache_len", *VARIANT_KEYS)
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 
 
@@ -186,9 +183,10 @@ def run_variant(flat: Mapping[str, Any]) -> str:
     return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras)])
 
 
-def run_label(model: Any, bs: Any, cache_len: Any, variant: str) -> str:
-    """The human-readable run name, e.g. `qwen3-0.6b bs=4 cache=1024 graphed`."""
-    return f"{model} bs={bs} cache={cache_len} {variant}"
+def run_label(flat: Mapping[str, Any]) -> str:
+    """The one run name, e.g. `qwen3-0.6b bs=4 cache=1024 graphed`, from dotted keys (LABEL_KEYS):
+    a RunConfig's, a flattened config's, or a run's MLflow params; a missing key reads `?`."""
+    return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} cache={flat.get('cache_len', '?')} {run_variant(flat)}"
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -206,6 +204,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 def register() -> None:
     # `model` is typed through RunConfig.model, so the model/*.yaml files need no schema of their own.
     ConfigStore.instance().store(name="schema", node=RunConfig)
+    # A suffix that keeps apart the folders of sweeps started in the same second (Hydra caches it per
+    # sweep, as it does `now`, so every job of one sweep reads the same folder).
+    OmegaConf.register_new_resolver("harness_uid", lambda: secrets.token_hex(3), use_cache=True, replace=True)
 
 
 register()

@@ -22,6 +22,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA index a device names, `cuda` alone being the current one."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _run(*cmd: str, cwd: Path | None = None) -> str | None:
     try:
         out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
@@ -83,7 +88,7 @@ def environment_tags(device: torch.device) -> dict[str, str]:
         "git_dirty": str(dirty).lower(),
     }
     if device.type == "cuda":
-        tags.update(gpu_facts(device.index if device.index is not None else torch.cuda.current_device()))
+        tags.update(gpu_facts(device_index(device)))
     else:
         tags["cpu"] = platform.processor() or platform.machine()
     # Switches that change what a run measures without appearing in its config

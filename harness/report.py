@@ -13,9 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness import tracking  # noqa: E402
 from harness.config import run_variant  # noqa: E402
+from harness.modes import MODES  # noqa: E402
 from harness.summary import speedups  # noqa: E402
-
-MODE_ORDER = ("eager", "graphed", "bucketed", "compiled-nograph", "compiled")
 
 
 def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list[dict]]:
@@ -47,7 +46,8 @@ def table_markdown(rows: list[dict]) -> str:
     """Rows: model x cache_len x bs; columns: modes and their variants (fused, steps=4, ...);
     cells: median ms/step, speedup over eager, efficiency."""
     speedup = speedups(rows)
-    order = lambda v: (MODE_ORDER.index(v.split()[0]) if v.split()[0] in MODE_ORDER else len(MODE_ORDER), v)  # noqa: E731
+    known = list(MODES)
+    order = lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v)  # noqa: E731
     modes = sorted({r["variant"] for r in rows}, key=order)
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     for r in rows:

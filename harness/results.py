@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from harness.record import JobRecord
+
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
 CONFIG_FILE = "config.yaml"  # the resolved config: `python -m harness --config-path DIR --config-name config`
@@ -20,31 +22,42 @@ class ResultFileError(ValueError):
     pass
 
 
-def write(job_dir: Path, result: dict) -> Path:
+def write(job_dir: Path, record: JobRecord) -> Path:
     """Atomically (write, then rename) so a killed job never leaves half a file."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    if result.get("config"):
-        (job_dir / CONFIG_FILE).write_text(yaml.safe_dump(result["config"], sort_keys=False))
-    if result.get("step_ms"):
+    if record.config:
+        (job_dir / CONFIG_FILE).write_text(yaml.safe_dump(record.config, sort_keys=False))
+    if record.step_ms:
         with open(job_dir / STEPS_FILE, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["step", "step_ms"])
-            writer.writerows(enumerate(result["step_ms"]))
+            writer.writerows(enumerate(record.step_ms))
     path = job_dir / RESULT_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
+    tmp.write_text(json.dumps(record.to_dict(), indent=2, default=str))
     os.replace(tmp, path)
     return path
 
 
-def read(path: Path) -> dict:
+def read(path: Path) -> JobRecord:
     try:
-        result = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ResultFileError(f"{path}: not a readable result file ({err})") from err
-    if not isinstance(result, dict) or "status" not in result:
-        raise ResultFileError(f"{path}: not a harness result (no 'status' key)")
-    return result
+    if not isinstance(data, dict) or "status" not in data or "label" not in data:
+        raise ResultFileError(f"{path}: not a harness result (no 'status' or 'label' key)")
+    return JobRecord.from_dict(data)
+
+
+def read_all(folder: Path, on_error) -> list[JobRecord]:
+    """Every readable result under a folder; each unreadable one goes to on_error(ResultFileError)."""
+    records = []
+    for path in find(folder):
+        try:
+            records.append(read(path))
+        except ResultFileError as err:
+            on_error(err)
+    return records
 
 
 def find(sweep_dir: Path) -> list[Path]:

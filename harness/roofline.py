@@ -66,9 +66,9 @@ def floor(cost: dict[str, float], ceilings: dict[str, float]) -> dict[str, float
 def ceilings(device: torch.device) -> dict[str, float]:
     """The device's copy bandwidth and bf16 matmul rate: measured once per GPU model and driver,
     then read from disk."""
-    from harness.environment import gpu_facts
+    from harness.environment import device_index, gpu_facts
 
-    facts = gpu_facts(device.index if device.index is not None else torch.cuda.current_device())
+    facts = gpu_facts(device_index(device))
     key = f"{facts['gpu_name']} | driver {facts.get('gpu_driver', '?')}"
     cached = json.loads(CEILINGS_FILE.read_text()) if CEILINGS_FILE.is_file() else {}
     if key not in cached:

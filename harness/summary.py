@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.config import run_variant
-from harness.tracking import flatten
+from harness.record import JobRecord, flatten
 
 
 def speedups(rows: list[dict]) -> dict[str, float]:
@@ -24,18 +24,18 @@ def speedups(rows: list[dict]) -> dict[str, float]:
     return {r["id"]: eager[twin(r)]["median_ms"] / r["median_ms"] for r in done if twin(r) in eager}
 
 
-def row(result: dict) -> dict:
-    """A result file's record in the shape `speedups` reads."""
-    c = result.get("config") or {}
+def row(record: JobRecord) -> dict:
+    """A job's record in the shape `speedups` reads."""
+    c = record.config
     model = c.get("model") or {}
-    return {"id": result.get("result_id"), "status": result.get("status"), "mode": c.get("mode"),
+    return {"id": record.result_id, "status": record.status, "mode": c.get("mode"),
             "variant": run_variant(flatten(c)),
             "model": model.get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
             "prompt_len": c.get("prompt_len"), "dtype": c.get("dtype"),
-            "median_ms": result.get("metrics", {}).get("step_ms_median")}
+            "median_ms": record.metrics.get("step_ms_median")}
 
 
-def table(results: list[dict], title: str) -> Table:
+def table(results: list[JobRecord], title: str) -> Table:
     speedup = speedups([row(r) for r in results])
     t = Table(title=title, title_justify="left")
     for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median)", "right"),
@@ -43,15 +43,14 @@ def table(results: list[dict], title: str) -> Table:
                           ("reason", "left")):
         t.add_column(name, justify=justify, overflow="fold")
     for r in results:
-        m = r.get("metrics", {})
-        ok = r.get("status") == "FINISHED"
+        m = r.metrics
         t.add_row(*map(Text, (
-            "-" if r.get("job_num") is None else str(r["job_num"]), r.get("label", "?"), r.get("status", "?"),
+            "-" if r.job_num is None else str(r.job_num), r.label, r.status,
             f"{m['step_ms_median']:.3f}" if "step_ms_median" in m else "-",
             f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
             f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
-            f"{speedup[r['result_id']]:.2f}x" if r.get("result_id") in speedup else "-",
-            "" if ok else _short(r.get("reason") or ""),
+            f"{speedup[r.result_id]:.2f}x" if r.result_id in speedup else "-",
+            "" if r.status == "FINISHED" else _short(r.reason or ""),
         )))
     return t
 
@@ -59,9 +58,9 @@ def table(results: list[dict], title: str) -> Table:
 PHASES = ("build_ms", "prefill_ms", "prepare_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
 
 
-def time_breakdown(results: list[dict], wall_s: float | None = None) -> str:
+def time_breakdown(results: list[JobRecord], wall_s: float | None = None) -> str:
     """Where a sweep's time went, summed over its jobs."""
-    totals = {p: sum(r.get("metrics", {}).get(p, 0.0) for r in results) / 1e3 for p in PHASES}
+    totals = {p: sum(r.metrics.get(p, 0.0) for r in results) / 1e3 for p in PHASES}
     parts = ", ".join(f"{p.removesuffix('_ms').replace('_wall', '')} {s:.1f} s" for p, s in totals.items())
     head = f"sweep wall {wall_s:.1f} s; " if wall_s is not None else ""
     return f"time: {head}in jobs: {parts}"
@@ -71,15 +70,14 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_summary(results: list[dict], title: str, ui_hint: str, wall_s: float | None = None) -> None:
+def print_summary(results: list[JobRecord], title: str, ui_hint: str, wall_s: float | None = None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table(results, title))
     for r in results:
-        if r.get("status") not in ("FINISHED", "SKIPPED"):
-            console.print(f"{r.get('status')}: {r.get('label')}: {r.get('reason')}", markup=False, highlight=False,
-                          soft_wrap=True)
-    count = lambda *s: sum(r.get("status") in s for r in results)  # noqa: E731
+        if not r.ok:
+            console.print(f"{r.status}: {r.label}: {r.reason}", markup=False, highlight=False, soft_wrap=True)
+    count = lambda *s: sum(r.status in s for r in results)  # noqa: E731
     console.print(time_breakdown(results, wall_s), markup=False, highlight=False)
     skipped = f", {count('SKIPPED')} skipped (resume)" if count("SKIPPED") else ""
-    console.print(f"{count('FINISHED')} finished, {len(results) - count('FINISHED', 'SKIPPED')} failed{skipped}. "
+    console.print(f"{count('FINISHED')} finished, {sum(not r.ok for r in results)} failed{skipped}. "
                   f"Browse: {ui_hint}", markup=False, highlight=False)

@@ -19,6 +19,8 @@ import torch
 if TYPE_CHECKING:
     from harness.modes.base import Stepper
 
+MiB = 1024 * 1024
+
 
 @dataclass
 class DecodeTiming:
@@ -61,20 +63,11 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeT
 
 
 def _timed_cuda(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    feeds = not stepper.feeds_itself
+    feed = None if stepper.feeds_itself else (lambda logits: feed_argmax(stepper, logits))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for start, end in zip(starts, ends):
-        start.record()
-        logits = stepper.step()
-        end.record()
-        if feeds:
-            feed_argmax(stepper, logits)
-    torch.cuda.synchronize()  # the loop's one and only sync
-    wall_ms = (time.perf_counter() - t0) * 1e3
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)], wall_ms, "cuda_event"
+    call_ms = cuda_event_ms(stepper.step, calls, after=feed)  # the loop's one and only sync is at its end
+    return call_ms, (time.perf_counter() - t0) * 1e3, "cuda_event"
 
 
 def _timed_host(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
@@ -89,16 +82,24 @@ def _timed_host(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
     return call_ms, (time.perf_counter() - t0) * 1e3, "host"
 
 
-def median_call_ms(fn: Callable[[], object], calls: int) -> float:
-    """Median CUDA-event time of `calls` back-to-back calls of fn (a side measurement, not the run's)."""
+def cuda_event_ms(fn: Callable[[], object], calls: int, after: Callable[[object], None] | None = None) -> list[float]:
+    """CUDA-event time of each of `calls` back-to-back calls of fn; `after(output)` runs between calls,
+    outside the events. The host waits for the device once, after the last call."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     for start, end in zip(starts, ends):
         start.record()
-        fn()
+        out = fn()
         end.record()
+        if after is not None:
+            after(out)
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def median_call_ms(fn: Callable[[], object], calls: int) -> float:
+    """Median CUDA-event time of `calls` back-to-back calls of fn (a side measurement, not the run's)."""
+    return statistics.median(cuda_event_ms(fn, calls))
 
 
 def step_stats(step_ms: list[float]) -> dict[str, float]:

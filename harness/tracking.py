@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,12 +15,9 @@ import yaml
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-# MLflow's HTTP client retries 7 times with exponential backoff by default: minutes per call when a
-# server is down. with_retries below does the retrying, with a budget of about 30 s, unless the user
-# sets these variables otherwise.
-for _var, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
-                     ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"), ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")):
-    os.environ.setdefault(_var, _value)
+from harness import retry
+from harness.record import JobRecord, flatten
+from harness.redact import redact, redact_tree
 
 STORE_DIR = "mlruns"
 PARENT_TAG = "mlflow.parentRunId"
@@ -47,6 +43,8 @@ def _artifact_root(uri: str) -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def client(uri: str) -> MlflowClient:
+    for var, value in retry.http_settings().items():  # read by MLflow at each request; a user's own value wins
+        os.environ.setdefault(var, value)
     return MlflowClient(tracking_uri=uri)
 
 
@@ -58,10 +56,15 @@ def experiment_id(uri: str, name: str) -> str:
     return c.create_experiment(name, artifact_location=_artifact_root(uri))
 
 
-def start_parent(uri: str, experiment: str, run_name: str, tags: dict[str, str]) -> str:
-    tags = {"harness.kind": "sweep", **_owner(), **tags}
-    return with_retries(f"opening {run_name}", lambda: client(uri).create_run(
-        experiment_id(uri, experiment), run_name=run_name, tags=tags).info.run_id)
+PARENT_KINDS = ("sweep", "run", "rerun", "sync")  # what a parent run groups; its children are "job"s
+MEASURED_KINDS = ("sweep", "run", "rerun")  # parents whose jobs were measured together (a sync imports)
+
+
+def start_parent(uri: str, experiment: str, run_name: str, kind: str, tags: dict[str, str]) -> str:
+    assert kind in PARENT_KINDS, kind
+    tags = redact_tree({"harness.kind": kind, **_owner(), **tags})
+    return retry.with_retries(f"opening {run_name}", lambda: client(uri).create_run(
+        experiment_id(uri, experiment), run_name=redact(run_name), tags=tags).info.run_id)
 
 
 def _owner() -> dict[str, str]:
@@ -95,8 +98,8 @@ def mark_abandoned(uri: str, experiment: str) -> list[str]:
 def mark_abandoned_quietly(uri: str, experiment: str) -> None:
     try:
         mark_abandoned(uri, experiment)
-    except Exception:  # noqa: BLE001 - an unreachable store is reported where it is first written to
-        pass
+    except Exception:  # noqa: BLE001 - reported where the store is first written to, which then tries once
+        retry.mark_down()
 
 
 def _alive(pid: int) -> bool:
@@ -147,7 +150,10 @@ def experiment_name(uri: str, run) -> str:
 
 
 def newest_sweep(uri: str, experiment: str):
-    runs = _search(uri, experiment, "tags.`harness.kind` = 'sweep'", order_by=["attributes.start_time DESC"])
+    """The newest parent whose jobs were measured together: a sweep, a single run or a rerun, not a sync."""
+    runs = _search(uri, experiment, "tags.`harness.kind` != 'job'", max_results=200,
+                   order_by=["attributes.start_time DESC"])
+    runs = [r for r in runs if r.data.tags.get("harness.kind") in MEASURED_KINDS]
     if not runs:
         raise StoreError(f"no sweep in experiment {experiment!r} of {redact(uri)}")
     return runs[0]
@@ -172,45 +178,11 @@ def load_config(uri: str, run_id: str) -> dict:
     return data
 
 
-def redact(uri: str) -> str:
-    """A URI without its user:password@ part, fit to print or log."""
-    parts = urlparse(uri)
-    if parts.password is None and parts.username is None:
-        return uri
-    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
-
-
 def end_run(uri: str, run_id: str, status: str) -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
-RETRY_DELAYS_S = (1, 2, 4, 8, 16)  # backoff between attempts when the store fails: about 30 s in all
-STILL_DOWN_S = 300  # after a call gave up, later calls in this process try once until one succeeds
-_gave_up_at: float | None = None
-
-
-def with_retries(what: str, fn, delays=RETRY_DELAYS_S):
-    """Call fn, retrying transient store errors with exponential backoff; the last error is raised.
-    Once a call has given up, the store is taken for down: the next calls try once (a job then costs
-    one failed call, not another 30 s), until one succeeds or STILL_DOWN_S have passed."""
-    global _gave_up_at
-    if _gave_up_at is not None and time.monotonic() - _gave_up_at < STILL_DOWN_S:
-        delays = ()
-    for delay in (*delays, None):
-        try:
-            result = fn()
-        except Exception as err:  # noqa: BLE001 - MLflow raises many types for a store that is down
-            if delay is None:
-                _gave_up_at = time.monotonic()
-                raise
-            print(f"[harness] {what}: {type(err).__name__}, retrying in {delay} s", file=sys.stderr, flush=True)
-            time.sleep(delay)
-        else:
-            _gave_up_at = None
-            return result
-
-
-def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, job_dir: Path) -> str:
+def log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRecord, job_dir: Path) -> str:
     """Log one job, retrying while the store is down. Idempotent: a partly logged attempt is removed
     before the next, so a result becomes exactly one run."""
     attempts = 0
@@ -218,25 +190,24 @@ def log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, 
     def attempt() -> str:
         nonlocal attempts
         attempts += 1
-        if attempts > 1 and (partial := find_result(uri, experiment, result["result_id"])) is not None:
+        if attempts > 1 and (partial := find_result(uri, experiment, record.result_id)) is not None:
             client(uri).delete_run(partial)  # only a failed attempt can have left one
-        return _log_job(uri, experiment, parent_run_id, result, job_dir)
+        return _log_job(uri, experiment, parent_run_id, record, job_dir)
 
-    return with_retries(f"logging {result['label']}", attempt)
+    return retry.with_retries(f"logging {record.label}", attempt)
 
 
-def _log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict, job_dir: Path) -> str:
+def _log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRecord, job_dir: Path) -> str:
     """One child run per job: params, tags, metrics, the step series and the artifacts."""
     c = client(uri)
-    tags = {"harness.kind": "job", **_tags(result)}
+    tags = {"harness.kind": "job", **_tags(record)}
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
-    run_id = c.create_run(experiment_id(uri, experiment), run_name=result["label"], tags=tags).info.run_id
+    run_id = c.create_run(experiment_id(uri, experiment), run_name=record.label, tags=tags).info.run_id
     now = int(time.time() * 1000)
-    params = [Param(k, redact(str(v)) if k == "tracking.uri" else str(v))
-              for k, v in flatten(result.get("config", {})).items()]
-    metrics = [Metric(k, float(v), now, 0) for k, v in result.get("metrics", {}).items() if v is not None]
-    metrics += [Metric("step_ms", float(v), now, i) for i, v in enumerate(result.get("step_ms", []))]
+    params = [Param(k, redact(str(v))) for k, v in flatten(record.config).items()]
+    metrics = [Metric(k, float(v), now, 0) for k, v in record.metrics.items() if v is not None]
+    metrics += [Metric("step_ms", float(v), now, i) for i, v in enumerate(record.step_ms)]
     for i in range(0, len(params), MAX_BATCH):
         c.log_batch(run_id, params=params[i:i + MAX_BATCH])
     for i in range(0, len(metrics), 10 * MAX_BATCH):
@@ -245,39 +216,29 @@ def _log_job(uri: str, experiment: str, parent_run_id: str | None, result: dict,
                  "trace.json.gz"):
         if (job_dir / name).is_file():
             c.log_artifact(run_id, str(job_dir / name))
-    c.set_terminated(run_id, status=result["status"])
+    c.set_terminated(run_id, status=record.status)
     return run_id
 
 
-def _tags(result: dict) -> dict[str, str]:
-    tags = {f"env.{k}": v for k, v in result.get("environment", {}).items()}
+def _tags(record: JobRecord) -> dict[str, str]:
+    tags = {f"env.{k}": v for k, v in record.environment.items()}
     tags.update({
-        "weights": result.get("weights", "unknown"),
-        "weights_source": result.get("weights_source", ""),
-        "overrides": " ".join(result.get("overrides", [])),
-        "job_dir": result.get("job_dir", ""),
-        "harness.result_id": result["result_id"],
-        "harness.config_hash": result.get("config_hash", ""),
+        "overrides": " ".join(record.overrides),
+        "job_dir": record.job_dir,
+        "harness.result_id": record.result_id,
+        "harness.config_hash": record.config_hash,
     })
-    tags.update(result.get("tags", {}))
-    tags.update(result.get("mode_tags", {}))
-    if result.get("reason"):
-        tags["failure_reason"] = result["reason"][:5000]
-    return {k: str(v) for k, v in tags.items()}
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    if record.weights:  # unknown where the job failed before building its model
+        tags.update(weights=record.weights, weights_source=record.weights_source)
+    tags.update(record.tags)
+    tags.update(record.mode_tags)
+    if record.reason:
+        tags["failure_reason"] = record.reason[:5000]
+    return {k: redact(str(v)) for k, v in tags.items()}
 
 
 def ui_command(uri: str) -> str:
     """What a person types to browse these runs."""
     if urlparse(uri).scheme in ("http", "https"):
-        return f"open {uri} in a browser"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+        return f"open {redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000"

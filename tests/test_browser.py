@@ -6,8 +6,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import FAST, run_harness
-from tests.test_sweep import runs_by_kind
+from tests.support import FAST, run_harness, runs_by_kind
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -7,13 +7,13 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError, Mode, to_run_config
-from tests.conftest import compose_cfg, run_config
+from harness.config import ConfigError, to_run_config
+from tests.support import compose_cfg, run_config
 
 
 def test_defaults_are_qwen3_0_6b_eager():
     cfg = run_config()
-    assert cfg.model.name == "qwen3-0.6b" and cfg.mode is Mode.eager
+    assert cfg.model.name == "qwen3-0.6b" and cfg.mode == "eager"
     assert (cfg.bs, cfg.decode_tokens, cfg.warmup, cfg.device) == (1, 128, 10, "auto")
     assert cfg.dtype.value == "bf16" and cfg.attn.value == "sdpa"
     assert cfg.model.weights is None
@@ -39,12 +39,11 @@ def test_the_design_card_sweep_composes_as_written():
     seen = set()
     for values in itertools.product(*axes.values()):
         cfg = run_config(*(f"{k}={v}" for k, v in zip(axes, values)))
-        seen.add((cfg.bs, cfg.mode.value, cfg.cache_len, cfg.model.name))
+        seen.add((cfg.bs, cfg.mode, cfg.cache_len, cfg.model.name))
     assert len(seen) == 32
 
 
 @pytest.mark.parametrize("override, says", [
-    ("mode=bogus", "expected one of [eager, graphed, bucketed, compiled-nograph, compiled]"),
     ("dtype=int3", "expected one of [bf16, fp16, fp32]"),
     ("bs=four", "could not be converted to Integer"),
     ("model.hidden_size=wide", "could not be converted to Integer"),
@@ -62,6 +61,7 @@ def test_hydra_rejects_bad_values_naming_the_options(override, says):
 
 @pytest.mark.parametrize("overrides, says", [
     (["bs=0"], "bs=0 is invalid: the batch size must be >= 1"),
+    (["mode=bogus"], "mode=bogus is invalid: use one of eager, graphed, bucketed, compiled-nograph, compiled"),
     (["bs=-3"], "bs=-3 is invalid"),
     (["cache_len=100", "prompt_len=16", "warmup=10", "decode_tokens=128"],
      "cache_len=100 is too short: prompt_len (16) + warmup (10) + decode_tokens (128) = 154"),

@@ -7,7 +7,7 @@ import torch
 from harness import models
 from harness.job import measure, seeded_prompt
 from harness.modes.eager import EagerStepper
-from tests.conftest import gpu, run_config
+from tests.support import gpu, run_config
 
 pytestmark = [pytest.mark.gpu, gpu]
 QWEN = ("model=qwen3-0.6b", "cache_len=256", "decode_tokens=64")
@@ -16,14 +16,14 @@ QWEN = ("model=qwen3-0.6b", "cache_len=256", "decode_tokens=64")
 @pytest.mark.parametrize("bs", [1, 8])
 def test_graphed_tokens_equal_eager_tokens(bs):
     result = measure(run_config(*QWEN, f"bs={bs}", "mode=graphed"))
-    assert "failure" not in result
-    assert result["metrics"]["tokens_match"] == 1.0
-    assert result["environment"]["gpu_name"]
+    assert result.failure is None
+    assert result.metrics["tokens_match"] == 1.0
+    assert result.environment["gpu_name"]
 
 
 def test_graphed_is_faster_than_eager():
-    eager = measure(run_config(*QWEN, "mode=eager"))["metrics"]["step_ms_median"]
-    graphed = measure(run_config(*QWEN, "mode=graphed"))["metrics"]["step_ms_median"]
+    eager = measure(run_config(*QWEN, "mode=eager")).metrics["step_ms_median"]
+    graphed = measure(run_config(*QWEN, "mode=graphed")).metrics["step_ms_median"]
     print(f"eager {eager:.3f} ms/step, graphed {graphed:.3f} ms/step")
     assert graphed < eager
 
@@ -35,10 +35,10 @@ def test_memory_returns_to_the_post_load_baseline_between_jobs():
     second = measure(run_config(*QWEN, "bs=4", "mode=graphed", "cache_len=4096"))
     assert torch.cuda.memory_allocated() == baseline
     for result in (first, second):
-        m = result["metrics"]
+        m = result.metrics
         assert m["mem_returned_to_baseline"] == 1.0 and m["mem_leaked_mb"] <= 0
         assert m["graph_mem_mb"] > 0 and m["peak_mem_allocated_mb"] > m["mem_baseline_mb"]
-    assert second["metrics"]["mem_baseline_mb"] == pytest.approx(baseline / 2**20)
+    assert second.metrics["mem_baseline_mb"] == pytest.approx(baseline / 2**20)
 
 
 GRAPH_MODES = ["graphed", "bucketed", "compiled-nograph", "compiled"]
@@ -48,20 +48,20 @@ GRAPH_MODES = ["graphed", "bucketed", "compiled-nograph", "compiled"]
 @pytest.mark.parametrize("bs", [1, 3, 8])
 def test_every_graph_mode_matches_eager_tokens(mode, bs):
     result = measure(run_config("model=tiny", "cache_len=256", "decode_tokens=40", f"bs={bs}", f"mode={mode}"))
-    assert "failure" not in result, result["failure"]
-    assert result["metrics"]["tokens_match"] == 1.0
+    assert result.failure is None, result.failure
+    assert result.metrics["tokens_match"] == 1.0
     # graph memory: what the mode's graphs added to their pool; compiled-nograph records none
     if mode == "compiled-nograph":
-        assert result["metrics"]["graph_mem_mb"] == 0
+        assert result.metrics["graph_mem_mb"] == 0
     else:
-        assert result["metrics"]["graph_mem_mb"] >= 0
+        assert result.metrics["graph_mem_mb"] >= 0
     if mode == "bucketed":
-        assert result["metrics"]["bucket"] == {1: 1, 3: 4, 8: 8}[bs]
-        assert ("padding_overhead_pct" in result["metrics"]) == (bs == 3)
+        assert result.metrics["bucket"] == {1: 1, 3: 4, 8: 8}[bs]
+        assert ("padding_overhead_pct" in result.metrics) == (bs == 3)
 
 
 def test_the_bucket_set_shares_one_pool():
-    m = measure(run_config(*QWEN, "bs=3", "mode=bucketed", "cache_len=1024"))["metrics"]
+    m = measure(run_config(*QWEN, "bs=3", "mode=bucketed", "cache_len=1024")).metrics
     print(f"set {m['bucket_set_pool_mb']:.1f} MiB, largest alone {m['largest_bucket_alone_pool_mb']:.1f} MiB")
     # The set may even come out below the largest alone: the first capture of a process also pays the
     # capture stream's cuBLAS workspace (32 MiB on the H200), which later captures reuse.
@@ -70,23 +70,23 @@ def test_the_bucket_set_shares_one_pool():
 
 
 def test_four_steps_per_graph_give_the_same_tokens_as_one():
-    from harness.job import _greedy, seeded_prompt
     from harness.modes.graphed import GraphedStepper
+    from harness.verify import _greedy
 
     cfg = run_config(*QWEN, "bs=2", "mode=graphed")
     model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cuda"), 0).model
     prompt = seeded_prompt(2, cfg.prompt_len, model.config.vocab_size, 0, torch.device("cuda"))
     with torch.inference_mode():
-        one = _greedy(GraphedStepper(model, prompt, 256, graph_steps=1), 32)[0]
-        four = _greedy(GraphedStepper(model, prompt, 256, graph_steps=4), 32)[0]
+        one = _greedy(GraphedStepper(model, prompt, 256, graph_steps=1).capture(prompt), 32)[0]
+        four = _greedy(GraphedStepper(model, prompt, 256, graph_steps=4).capture(prompt), 32)[0]
     assert torch.equal(one, four)
     k4 = measure(run_config(*QWEN, "mode=graphed", "graph_steps=4"))
-    assert k4["metrics"]["tokens_match"] == 1.0
+    assert k4.metrics["tokens_match"] == 1.0
 
 
 def test_graphs_remove_the_idle_gaps_that_eager_leaves(tmp_path):
-    eager = measure(run_config(*QWEN, "mode=eager", "profile=true"), artifacts_dir=tmp_path / "eager")["metrics"]
-    graphed = measure(run_config(*QWEN, "mode=graphed", "profile=true"), artifacts_dir=tmp_path / "graphed")["metrics"]
+    eager = measure(run_config(*QWEN, "mode=eager", "profile=true"), artifacts_dir=tmp_path / "eager").metrics
+    graphed = measure(run_config(*QWEN, "mode=graphed", "profile=true"), artifacts_dir=tmp_path / "graphed").metrics
     print(f"kernels/step eager {eager['kernels_per_step']:.0f}, graphed {graphed['kernels_per_step']:.0f}; "
           f"idle eager {eager['gpu_idle_fraction']:.3f}, graphed {graphed['gpu_idle_fraction']:.3f}; "
           f"floor {graphed['floor_ms']:.3f} ms, efficiency eager {eager['efficiency']:.3f} graphed {graphed['efficiency']:.3f}")

@@ -11,9 +11,7 @@ from harness.config import run_variant
 from harness.report import table_markdown
 from harness.roofline import floor, kv_read_factor, step_cost
 from harness.summary import speedups
-from harness.sweep import compose_run_config
-from tests.conftest import FAST, run_harness
-from tests.test_sweep import runs_by_kind, store
+from tests.support import FAST, run_config, run_harness, runs_by_kind, store
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=1024, tie_word_embeddings=True)
@@ -23,7 +21,7 @@ QWEN = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_
 
 def parameters(model_name: str) -> int:
     """The real parameter count, from the architecture built on the meta device (no memory)."""
-    m = compose_run_config(f"model={model_name}").model
+    m = run_config(f"model={model_name}").model
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(m.model_type, **m.architecture()))
     return sum(p.numel() for p in model.parameters())

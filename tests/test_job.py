@@ -7,41 +7,38 @@ from transformers import StaticCache
 
 from harness import models
 from harness.config import ConfigError
-from harness.job import JobError, measure, seeded_prompt, verify_tokens
+from harness.job import JobError, measure, seeded_prompt
+from harness.verify import verify_tokens
 from harness.modes.base import prefill
 from harness.modes.eager import EagerStepper
 from harness.timing import step_stats
-from tests.conftest import FAST, run_config
+from tests.support import FAST, run_config
 
 
-@pytest.fixture(autouse=True)
-def fresh_model_cache():
-    models.release_models()
-    yield
-    models.release_models()
+pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
 
 def test_eager_decode_on_cpu_reports_every_number():
     result = measure(run_config(*FAST, "bs=2", "device=cpu"))
-    m = result["metrics"]
-    assert len(result["step_ms"]) == 8 and result["step_clock"] == "host"
+    m = result.metrics
+    assert len(result.step_ms) == 8 and result.step_clock == "host"
     for key in ("mean", "median", "p90", "p99", "min", "max", "stdev", "cv"):
         assert m[f"step_ms_{key}"] >= 0
     assert m["step_ms_min"] <= m["step_ms_median"] <= m["step_ms_max"]
     assert m["tokens_per_s"] == pytest.approx(2 * 1000 / m["step_ms_median"])
     assert m["wall_ms_per_token"] >= m["step_ms_mean"]
     assert m["prefill_ms"] > 0 and m["warmup_ms"] > 0 and m["build_ms"] > 0
-    assert result["weights"] == "random" and result["weights_source"] == "seed=0"
-    assert result["architecture"]["num_hidden_layers"] == 2
-    assert result["environment"]["device"] == "cpu"
-    assert "failure" not in result
+    assert result.weights == "random" and result.weights_source == "seed=0"
+    assert result.architecture["num_hidden_layers"] == 2
+    assert result.environment["device"] == "cpu"
+    assert result.failure is None
 
 
 def test_a_sweep_reuses_the_model_it_built():
     first = measure(run_config(*FAST, "device=cpu", "bs=1"))
     second = measure(run_config(*FAST, "device=cpu", "bs=2"))
-    assert not first["model_reused"] and second["model_reused"]
-    assert second["metrics"]["build_ms"] == 0.0
+    assert not first.model_reused and second.model_reused
+    assert second.metrics["build_ms"] == 0.0
 
 
 def test_graphed_without_cuda_fails_with_a_clear_reason():
@@ -76,8 +73,8 @@ def test_a_local_checkpoint_loads_as_safetensors(tmp_path):
 
     loaded = run_config(*FAST, "device=cpu", "dtype=fp32", f"model.weights={tmp_path / 'ckpt'}")
     result = measure(loaded)
-    assert result["weights"] == "checkpoint"
-    assert result["weights_source"] == str((tmp_path / "ckpt").resolve())
+    assert result.weights == "checkpoint"
+    assert result.weights_source == str((tmp_path / "ckpt").resolve())
 
     model = models.get_model(loaded.model, "fp32", "sdpa", torch.device("cpu"), 0).model
     prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
@@ -158,5 +155,5 @@ def test_tuning_switches_set_in_the_environment_are_recorded(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
     monkeypatch.setenv("HARNESS_UNRELATED", "x")
     result = measure(run_config(*FAST, "device=cpu"))
-    assert result["environment"]["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
-    assert "HARNESS_UNRELATED" not in result["environment"]
+    assert result.environment["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
+    assert "HARNESS_UNRELATED" not in result.environment

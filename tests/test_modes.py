@@ -12,16 +12,12 @@ from harness.modes.base import pad_rows
 from harness.modes.bucketed import pick_bucket
 from harness.modes.eager import EagerStepper
 from harness.timing import run_steps
-from tests.conftest import FAST, run_config
+from tests.support import FAST, run_config
 
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def fresh_model_cache():
-    models.release_models()
-    yield
-    models.release_models()
+pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
 
 @pytest.mark.parametrize("bs, bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (32, 32), (33, None)])
@@ -75,7 +71,7 @@ def test_cache_len_counts_whole_replays_of_graph_steps():
 
 def test_every_mode_is_in_the_schema():
     for name in MODES:
-        assert run_config(f"mode={name}").mode.value == name
+        assert run_config(f"mode={name}").mode == name
 
 
 @pytest.mark.parametrize("mode", ["graphed", "bucketed", "compiled"])
@@ -113,7 +109,7 @@ def test_fused_model_decodes_the_same_tokens():
     plain = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2"))
     models.release_models()
     fused = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.fuse_projections=true"))
-    assert fused["architecture"]["parameters"] == plain["architecture"]["parameters"]
+    assert fused.architecture["parameters"] == plain.architecture["parameters"]
 
 
 def test_packed_gqa_attention_decodes_as_transformers_sdpa_does(monkeypatch):
@@ -140,7 +136,7 @@ def test_packed_gqa_attention_decodes_as_transformers_sdpa_does(monkeypatch):
 
 def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32"))
-    assert "failure" not in result
-    m = result["metrics"]
+    assert result.failure is None
+    m = result.metrics
     assert m["tokens_match"] == 1.0 and m["compile_ms"] > 0
-    assert len(result["step_ms"]) == 8
+    assert len(result.step_ms) == 8

@@ -11,8 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests import slurm_cluster
-from tests.conftest import FAST, REPO, MlflowServer, run_harness
-from tests.test_sweep import runs_by_kind
+from tests.support import FAST, REPO, MlflowServer, run_harness, runs_by_kind
 
 pytestmark = pytest.mark.skipif(slurm_cluster.missing() is not None,
                                 reason=f"no SLURM here: {slurm_cluster.missing()}")

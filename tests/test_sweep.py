@@ -7,25 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from mlflow.tracking import MlflowClient
 
-from tests.conftest import FAST, run_harness
-
-
-def store(workdir: Path) -> MlflowClient:
-    return MlflowClient(f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}")
-
-
-def runs_by_kind(client: MlflowClient):
-    exp = client.get_experiment_by_name("harness")
-    runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("harness.kind") == "sweep"]
-    children = [r for r in runs if r.data.tags.get("harness.kind") == "job"]
-    return exp, parents, children
-
-
-def sweep_dirs(workdir: Path) -> list[Path]:
-    return sorted((workdir / "outputs" / "sweeps").glob("*/*"))
+from tests.support import FAST, run_harness, runs_by_kind, store
 
 
 def test_a_tiny_multirun_lands_in_mlflow(workdir):
@@ -66,22 +49,24 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
 
 
 def test_failures_are_recorded_and_the_rest_still_runs(workdir):
-    args = ["-m", *FAST, "bs=0,1", "mode=eager,graphed,bogus"]
+    args = ["-m", *FAST, "bs=0,1", "mode=eager,graphed,bogus", "dtype=bf16,int3"]
     proc = run_harness(*args, cwd=workdir)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr + proc.stdout
     _, parents, children = runs_by_kind(store(workdir))
     assert parents[0].info.status == "FAILED"
-    by_name = {c.info.run_name: c for c in children}
-    assert len(children) == 6
-    assert by_name["tiny bs=1 cache=64 eager"].info.status == "FINISHED"
-    reasons = {name: c.data.tags.get("failure_reason", "") for name, c in by_name.items()}
-    assert "bs=0 is invalid" in reasons["tiny bs=0 cache=64 eager"]
-    assert "expected one of [eager, graphed, bucketed" in reasons["tiny bs=1 cache=64 bogus"]
+    by_name = {(c.info.run_name, c.data.params.get("dtype")): c for c in children}
+    assert len(children) == 12  # the 6 that Hydra cannot compose (dtype=int3) are recorded too
+    assert by_name["tiny bs=1 cache=64 eager", "bf16"].info.status == "FINISHED"
+    reasons = {key: c.data.tags.get("failure_reason", "") for key, c in by_name.items()}
+    assert "bs=0 is invalid" in reasons["tiny bs=0 cache=64 eager", "bf16"]
+    assert "mode=bogus is invalid: use one of eager, graphed, bucketed" in reasons["tiny bs=1 cache=64 bogus", "bf16"]
+    rejected = [reason for (_, dtype), reason in reasons.items() if dtype is None]
+    assert len(rejected) == 6 and all("expected one of [bf16, fp16, fp32]" in r for r in rejected)
     if not torch.cuda.is_available():
-        assert "mode=graphed needs a CUDA GPU" in reasons["tiny bs=1 cache=64 graphed"]
-        assert "1 finished, 5 failed" in proc.stdout
-    assert "expected one of [eager, graphed, bucketed" in proc.stdout  # the summary says why
+        assert "mode=graphed needs a CUDA GPU" in reasons["tiny bs=1 cache=64 graphed", "bf16"]
+        assert "1 finished, 11 failed" in proc.stdout
+    assert "mode=bogus is invalid: use one of eager, graphed, bucketed" in proc.stdout  # the summary says why
 
 
 def test_a_run_reruns_from_its_saved_hydra_config(workdir):

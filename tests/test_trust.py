@@ -12,9 +12,8 @@ from pathlib import Path
 import yaml
 from mlflow.tracking import MlflowClient
 
-from harness.tracking import redact
-from tests.conftest import FAST, REPO, run_harness
-from tests.test_sweep import runs_by_kind, store
+from harness.redact import redact
+from tests.support import FAST, QUICK_STORE, REPO, free_port, harness_env, run_harness, runs_by_kind, stop_group, store, wait_for_http
 
 
 def child_runs(workdir: Path):
@@ -152,7 +151,7 @@ def test_harness_ui_serves_the_store_on_loopback_only(workdir):
     import time
     import urllib.request
 
-    from tests.conftest import free_port
+    from tests.support import free_port
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -1,14 +1,46 @@
-"""Decode modes by name. A new mode is one module here plus its name in config.MODE_NAMES."""
+"""The mode registry: every decode mode by name, with what the rest of the harness must know of it.
+
+Importing this module imports no torch: config validation, labels and reports ask it about modes
+without loading a mode's code. A job imports the mode's class (`target`) when it runs. Adding a
+mode is one module under harness/modes/ plus one `register(ModeSpec(...))` line below.
+"""
 from __future__ import annotations
 
-from harness.modes.base import DecodeMode, Stepper, forward_step, prefill
-from harness.modes.bucketed import BucketedMode
-from harness.modes.compiled import CompiledMode, CompiledNoGraphMode
-from harness.modes.eager import EagerMode
-from harness.modes.graphed import GraphedMode
+import importlib
+from dataclasses import dataclass
 
-MODES: dict[str, type[DecodeMode]] = {
-    m.name: m for m in (EagerMode, GraphedMode, BucketedMode, CompiledNoGraphMode, CompiledMode)
-}
 
-__all__ = ["MODES", "DecodeMode", "Stepper", "forward_step", "prefill"]
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    target: str  # "module:Class" of its DecodeMode, imported only when a job runs it
+    graph_steps: bool = False  # its own graphs can hold several decode steps (graph_steps > 1)
+    compile_modes: tuple[str, ...] = ()  # torch.compile modes it takes; the first is its default
+    expands_kv: bool = False  # transformers expands K/V with repeat_kv here (it does under torch.compile)
+
+    def mode_class(self) -> type:
+        module, _, cls = self.target.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+MODES: dict[str, ModeSpec] = {}
+
+
+def register(spec: ModeSpec) -> ModeSpec:
+    MODES[spec.name] = spec
+    return spec
+
+
+def spec(name: str) -> ModeSpec:
+    if name not in MODES:
+        raise KeyError(f"mode={name} is invalid: use one of {', '.join(MODES)}")
+    return MODES[name]
+
+
+register(ModeSpec("eager", "harness.modes.eager:EagerMode"))
+register(ModeSpec("graphed", "harness.modes.graphed:GraphedMode", graph_steps=True))
+register(ModeSpec("bucketed", "harness.modes.bucketed:BucketedMode", graph_steps=True))
+register(ModeSpec("compiled-nograph", "harness.modes.compiled:CompiledNoGraphMode",
+                  compile_modes=("default", "max-autotune-no-cudagraphs"), expands_kv=True))
+register(ModeSpec("compiled", "harness.modes.compiled:CompiledMode",
+                  compile_modes=("reduce-overhead", "max-autotune"), expands_kv=True))

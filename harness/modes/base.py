@@ -1,10 +1,11 @@
 """The one interface every decode mode implements.
 
-A mode's `prepare(model, prompt, cfg)` returns a Stepper. A stepper owns its StaticCache and the
-input buffer the next step reads (`input_ids`, [bs, 1]); `restart(prompt)` empties the cache and
-prefills; `step()` decodes `tokens_per_step` tokens and returns the last one's logits [bs, vocab].
-Unless the stepper `feeds_itself` (argmax and feeding inside its graph), the caller writes the
-argmax back into `input_ids`.
+A mode's `prepare(model, prompt, cfg)` builds its Stepper and readies it (capture, compile), then
+returns it just prefilled. A stepper owns its StaticCache and the input buffer the next step reads
+(`input_ids`, [bs, 1]); its constructor allocates and prefills, nothing more; `restart(prompt)`
+empties the cache and prefills; `step()` decodes `tokens_per_step` tokens and returns the last one's
+logits [bs, vocab]. Unless the stepper `feeds_itself` (argmax and feeding inside its graph), the
+caller writes the argmax back into `input_ids`.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Stepper:
     feeds_itself: bool = False
 
     def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, cache_len: int, rows: int | None = None):
-        self.model, self.bs = model, prompt.shape[0]
+        self.model, self.bs, self.cache_len = model, prompt.shape[0], cache_len
         self.rows = rows or self.bs  # a bucketed stepper runs more rows than the batch has
         self.cache = StaticCache(config=model.config, max_cache_len=cache_len)
         self.static_ids = torch.zeros(self.rows, 1, dtype=torch.long, device=prompt.device)
@@ -51,8 +52,12 @@ class Stepper:
         self.cache.reset()
         self.static_ids.copy_(prefill(self.model, self.cache, pad_rows(prompt, self.rows)))
 
+    def forward(self) -> torch.Tensor:
+        """One eager decode step of every row the stepper holds."""
+        return forward_step(self.model, self.cache, self.static_ids)
+
     def step(self) -> torch.Tensor:
-        raise NotImplementedError
+        return self.forward()[: self.bs]
 
 
 class DecodeMode:

@@ -7,9 +7,8 @@ import torch
 from harness.modes.base import DecodeMode
 from harness.modes.eager import EagerStepper
 from harness.modes.graphed import GraphedStepper
-from harness.timing import median_call_ms
+from harness.timing import MiB, median_call_ms
 
-MiB = 1024 * 1024
 PADDING_PROBE_CALLS = 50  # replays timed on each of the bucket graph and an exact-bs graph
 
 
@@ -17,6 +16,33 @@ def pick_bucket(buckets: list[int], bs: int) -> int | None:
     """The smallest captured size that holds bs, or None when bs exceeds them all."""
     i = bisect.bisect_left(buckets, bs)
     return buckets[i] if i < len(buckets) else None
+
+
+class BucketedStepper(GraphedStepper):
+    """The batch padded to its bucket, replaying that bucket's graph. The other buckets' graphs are
+    captured beside it into one shared pool, largest first, and stay resident, as in a server."""
+
+    def __init__(self, model, prompt, cache_len, graph_steps: int, buckets: list[int], bucket: int):
+        super().__init__(model, prompt, cache_len, graph_steps, rows=bucket)
+        self.buckets, self.others = buckets, {}
+
+    def capture(self, prompt: torch.Tensor, pool=None) -> BucketedStepper:
+        pool = torch.cuda.graph_pool_handle()
+        capture_ms = {}
+        for size in sorted(self.buckets, reverse=True):  # largest first: smaller graphs reuse its blocks
+            if size == self.rows:
+                graph = super().capture(prompt, pool)
+            else:  # a smaller bucket serves a smaller batch
+                rows_prompt = prompt[:size] if size < self.bs else prompt
+                graph = GraphedStepper(self.model, rows_prompt, self.cache_len, self.tokens_per_step, rows=size)
+                self.others[size] = graph.capture(rows_prompt, pool)
+            capture_ms[size] = graph.metrics["capture_ms"]
+        self.graph_bytes = sum(g.graph_bytes for g in (self, *self.others.values()))
+        self.metrics.update({f"capture_ms_bucket_{s}": ms for s, ms in capture_ms.items()})
+        self.metrics.update(bucket=self.rows, capture_ms=sum(capture_ms.values()),
+                            bucket_set_pool_mb=self.graph_bytes / MiB)
+        self.tags["bucket"] = str(self.rows)
+        return self
 
 
 class BucketedMode(DecodeMode):
@@ -34,28 +60,13 @@ class BucketedMode(DecodeMode):
             stepper.metrics["bucket"] = 0
             stepper.tags["bucket"] = f"none: bs={bs} > largest bucket {buckets[-1]}, ran eagerly"
             return stepper
-
         largest_alone = self._largest_alone(model, prompt, cfg)
-        pool = torch.cuda.graph_pool_handle()
-        graphs = {}
-        for size in sorted(buckets, reverse=True):  # largest first: smaller graphs reuse its blocks
-            rows_prompt = prompt[:size] if size < bs else prompt  # a smaller bucket serves a smaller batch
-            graphs[size] = GraphedStepper(model, rows_prompt, cfg.cache_len, cfg.graph_steps, rows=size, pool=pool)
-        capture_ms = {size: g.metrics["capture_ms"] for size, g in graphs.items()}
-        stepper = graphs[bucket]
-        stepper.bucket_set = graphs  # all stay resident, as in a server
-        set_bytes = sum(g.graph_bytes for g in graphs.values())
-        stepper.graph_bytes = set_bytes
-        stepper.metrics.update({f"capture_ms_bucket_{s}": ms for s, ms in capture_ms.items()})
-        stepper.metrics.update(
-            bucket=bucket, capture_ms=sum(capture_ms.values()),
-            bucket_set_pool_mb=set_bytes / MiB, largest_bucket_alone_pool_mb=largest_alone / MiB,
-            pool_vs_largest_alone=set_bytes / largest_alone if largest_alone else float("nan"),
-        )
-        stepper.tags["bucket"] = str(bucket)
+        stepper = BucketedStepper(model, prompt, cfg.cache_len, cfg.graph_steps, buckets, bucket).capture(prompt)
+        stepper.metrics.update(largest_bucket_alone_pool_mb=largest_alone / MiB,
+                               pool_vs_largest_alone=stepper.graph_bytes / largest_alone if largest_alone else float("nan"))
         if bucket != bs:
             stepper.metrics["padding_overhead_pct"] = self._padding_overhead(model, prompt, cfg, stepper)
-        stepper.restart(prompt)
+            stepper.restart(prompt)
         return stepper
 
     @staticmethod
@@ -63,7 +74,7 @@ class BucketedMode(DecodeMode):
         """The pool of the largest bucket captured on its own, to price the rest of the set."""
         size = max(cfg.buckets)
         alone = GraphedStepper(model, prompt[:size], cfg.cache_len, cfg.graph_steps, rows=size)
-        pool_bytes = alone.graph_bytes
+        pool_bytes = alone.capture(prompt[:size]).graph_bytes
         del alone
         torch.cuda.empty_cache()
         return pool_bytes
@@ -71,7 +82,7 @@ class BucketedMode(DecodeMode):
     @staticmethod
     def _padding_overhead(model, prompt, cfg, bucket_stepper) -> float:
         """Per-replay latency of bs padded to its bucket against bs captured exactly, in percent."""
-        exact = GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps)
+        exact = GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps).capture(prompt)
         exact_ms = median_call_ms(exact.step, PADDING_PROBE_CALLS)
         del exact
         bucket_ms = median_call_ms(bucket_stepper.step, PADDING_PROBE_CALLS)

@@ -6,7 +6,8 @@ import weakref
 
 import torch
 
-from harness.config import COMPILE_MODES
+from harness.environment import device_index
+from harness.modes import spec
 from harness.modes.base import DecodeMode, Stepper, forward_step
 
 COMPILE_WARMUP = 3  # calls before timing: the first compiles, the next record CUDA graphs
@@ -29,6 +30,9 @@ class CompiledStepper(Stepper):
         super().__init__(model, prompt, cache_len)
         torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
         self.fn, self.mark_steps = compiled_step(model, compile_mode), mark_steps
+
+    def compile(self, prompt: torch.Tensor) -> CompiledStepper:
+        """Compile (or reuse this process's compiled step) and record its graphs; leave it prefilled."""
         before = _graph_pool_bytes(prompt.device)
         start = time.perf_counter()
         for _ in range(COMPILE_WARMUP):
@@ -38,6 +42,7 @@ class CompiledStepper(Stepper):
         # the growth of the one pool that cudagraph trees share across the process's compiled graphs
         self.graph_bytes = _graph_pool_bytes(prompt.device) - before
         self.restart(prompt)
+        return self
 
     def step(self):
         if self.mark_steps:  # the last step's outputs may be overwritten: we took its argmax already
@@ -58,9 +63,9 @@ class CompiledMode(DecodeMode):
         return super().check(device) or _compiler_missing(device)
 
     def prepare(self, model, prompt, cfg):
-        compile_mode = cfg.compile_mode or COMPILE_MODES[self.name][0]
+        compile_mode = cfg.compile_mode or spec(self.name).compile_modes[0]
         stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode,
-                                  mark_steps=compile_mode in ("reduce-overhead", "max-autotune"))
+                                  mark_steps=compile_mode in ("reduce-overhead", "max-autotune")).compile(prompt)
         stepper.tags["compile_mode"] = compile_mode
         return stepper
 
@@ -78,7 +83,7 @@ def _graph_pool_bytes(device: torch.device) -> int:
         return 0
     from torch._inductor import cudagraph_trees  # the pool has no public handle
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
     if manager is None:  # no graph recorded yet (or compiled-nograph)
         return 0

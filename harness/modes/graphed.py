@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from harness.modes.base import DecodeMode, Stepper, forward_step
+from harness.modes.base import DecodeMode, Stepper
 
 SIDE_STREAM_WARMUP = 3  # as the article: lazy init (cuBLAS workspace, kernels) must happen before capture
 
@@ -40,25 +40,27 @@ class GraphedStepper(Stepper):
     """`graph_steps` decode steps in one graph. With one step the host feeds the argmax back, as in
     the article; with more, argmax and feeding are captured too, so a token costs no host work."""
 
-    def __init__(self, model, prompt, cache_len, graph_steps: int = 1, rows: int | None = None, pool=None):
+    def __init__(self, model, prompt, cache_len, graph_steps: int = 1, rows: int | None = None):
         super().__init__(model, prompt, cache_len, rows)
         self.tokens_per_step, self.feeds_itself = graph_steps, graph_steps > 1
         if self.feeds_itself:
             self.tokens = torch.zeros(graph_steps, self.bs, dtype=torch.long, device=prompt.device)
-        fn = self._k_steps if self.feeds_itself else self._one_step
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def capture(self, prompt: torch.Tensor, pool=None) -> GraphedStepper:
+        """Warm up on the side stream, capture, and leave the stepper just prefilled again."""
+        fn = self._k_steps if self.feeds_itself else super().step
         start = time.perf_counter()
         warm_up_on_side_stream(fn)
         self.graph, self.logits, self.graph_bytes = capture(fn, pool)
         torch.cuda.synchronize()
         self.metrics["capture_ms"] = (time.perf_counter() - start) * 1e3  # side-stream warm-up + capture
-        self.restart(prompt)  # warm-up advanced the cache: leave the stepper just prefilled
-
-    def _one_step(self) -> torch.Tensor:
-        return forward_step(self.model, self.cache, self.static_ids)[: self.bs]
+        self.restart(prompt)  # warm-up advanced the cache
+        return self
 
     def _k_steps(self) -> torch.Tensor:
         for k in range(self.tokens_per_step):
-            logits = forward_step(self.model, self.cache, self.static_ids)
+            logits = self.forward()
             self.static_ids.copy_(logits.argmax(dim=-1, keepdim=True))
             self.tokens[k].copy_(self.static_ids[: self.bs, 0])
         return logits[: self.bs]
@@ -76,4 +78,4 @@ class GraphedMode(DecodeMode):
     needs_cuda = True
 
     def prepare(self, model, prompt, cfg):
-        return GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps)
+        return GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps).capture(prompt)

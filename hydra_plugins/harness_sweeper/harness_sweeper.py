@@ -45,7 +45,7 @@ class HarnessSweeper(BasicSweeper):
 
     def get_job_batch(self) -> List[List[str]]:
         from harness.progress import say
-        from harness.sweep import record_rejected, update_sweep_file
+        from harness.app import record_rejected, update_sweep_file
 
         batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
         legal = []

@@ -1,0 +1,131 @@
+"""The Hydra application: the task every job runs, and the callback around a sweep.
+
+The sweep's summary and exit status come from the result files, which any launcher leaves in the
+sweep folder; sweep.json holds what the jobs share (the parent run, the store, the job count).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from harness import results, tracking
+from harness.config import run_label
+from harness.progress import say
+from harness.record import JobRecord, exit_code, flatten
+from harness.redact import redact, redact_files
+from harness.runner import JobContext, close_parent, execute, finish, new_record, open_parent
+from harness.summary import print_summary
+
+SWEEP_FILE = "sweep.json"
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+_ended: list[JobRecord] | None = None  # the records of the run or sweep that just ended, for the exit status
+
+
+def exit_status() -> int:
+    """1 when a job of the run or sweep that ended failed (or none ended), 0 otherwise."""
+    return 1 if _ended is None else exit_code(_ended)
+
+
+def run_job(cfg: DictConfig) -> JobRecord:
+    """The Hydra task: one job of a run or a sweep."""
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    job_dir = Path(hc.runtime.output_dir)
+    redact_files(job_dir, ".hydra/*.yaml")  # Hydra wrote the command line there, credentials and all
+    sweep = read_sweep_file(Path(hc.sweep.dir)) if multirun else {}
+    uri = tracking.resolve_uri(OmegaConf.select(cfg, "tracking.uri"))
+    ctx = JobContext(job_dir, uri, cfg.tracking.experiment, sweep.get("parent_run_id"),
+                     hc.job.num if multirun else 0, list(hc.overrides.task))
+    if not multirun:
+        return run_single(cfg, ctx)
+    redact_files(Path(hc.sweep.dir), "multirun.yaml")
+    of = f"/{sweep['n_jobs']}" if sweep.get("n_jobs") else ""
+    ctx.progress = f"job {ctx.job_num + 1}{of}"
+    return execute(cfg, ctx)
+
+
+def run_single(cfg: DictConfig, ctx: JobContext) -> JobRecord:
+    """A run outside a sweep gets a parent of its own, and the summary a sweep would print."""
+    tracking.mark_abandoned_quietly(ctx.uri, ctx.experiment)
+    label = run_label(flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
+    ctx.parent = open_parent(ctx.uri, ctx.experiment, f"run {label}", "run", {"run_dir": str(ctx.job_dir.resolve())})
+    record = execute(cfg, ctx)  # an interrupt ends the parent KILLED in there
+    close_parent(ctx.uri, ctx.parent, status="FINISHED" if record.ok else "FAILED")
+    summarize([record], f"run {ctx.job_dir}", ctx.uri)
+    return record
+
+
+def read_sweep_file(sweep_dir: Path) -> dict:
+    path = sweep_dir / SWEEP_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update_sweep_file(sweep_dir: Path, **fields) -> None:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    data = {**read_sweep_file(sweep_dir), **fields}
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(data, indent=2))
+
+
+def record_rejected(sweep_cfg: DictConfig, overrides: list[str], reason: str, index: int) -> None:
+    """A job whose overrides Hydra refused to compose: recorded FAILED with Hydra's own message."""
+    sweep_dir = Path(sweep_cfg.hydra.sweep.dir)
+    ctx = JobContext(sweep_dir / f"rejected-{index}", tracking.resolve_uri(sweep_cfg.tracking.uri),
+                     sweep_cfg.tracking.experiment, read_sweep_file(sweep_dir).get("parent_run_id"), None, overrides)
+    flat = flatten(OmegaConf.to_container(sweep_cfg, resolve=False, enum_to_str=True))
+    flat.update(o.split("=", 1) for o in overrides if "=" in o)
+    flat["model.name"] = flat.get("model", flat.get("model.name"))  # a model override names its preset
+    record = new_record({}, ctx, label=run_label(flat))
+    record.status, record.reason = "FAILED", redact(reason)
+    finish(record, ctx)
+    say(f"rejected {redact(' '.join(overrides))}: {record.reason}")
+
+
+def summarize(records: list[JobRecord], title: str, uri: str, wall_s: float | None = None) -> None:
+    """Print the table of a run or sweep that ended; its records decide the exit status."""
+    global _ended
+    _ended = records
+    print_summary(records, title, tracking.ui_command(uri), wall_s=wall_s)
+
+
+REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
+
+
+def refuse_sqlite_across_hosts(launcher: str, uri: str) -> None:
+    """SQLite's file locks don't hold across hosts: jobs on other nodes must log to a server."""
+    if uri.startswith("sqlite:") and any(name in launcher for name in REMOTE_LAUNCHERS):
+        say(f"error: this sweep's jobs run on other hosts ({launcher.rsplit('.', 1)[-1]}), and they cannot share "
+            f"the SQLite store {uri} safely. Start a tracking server, e.g. `mlflow server --backend-store-uri "
+            "sqlite:///ABS/PATH/mlflow.db --host 0.0.0.0 --port 5000` (or a postgresql:// URI for a team), then "
+            "set MLFLOW_TRACKING_URI=http://THAT_HOST:5000 (or tracking.uri=...).")
+        sys.exit(2)
+
+
+class SweepCallback(Callback):
+    """Opens the sweep's parent run before any job, closes it and prints the table after the last."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        uri = tracking.resolve_uri(config.tracking.uri)
+        refuse_sqlite_across_hosts(config.hydra.launcher.get("_target_", ""), uri)
+        tracking.mark_abandoned_quietly(uri, config.tracking.experiment)
+        overrides = redact(" ".join(config.hydra.overrides.task))
+        parent = open_parent(uri, config.tracking.experiment, f"sweep {sweep_dir.name}", "sweep",
+                             {"overrides": overrides, "sweep_dir": str(sweep_dir.resolve())})
+        update_sweep_file(sweep_dir, parent_run_id=parent, tracking_uri=redact(uri), started=time.time(),
+                          experiment=config.tracking.experiment, overrides=overrides)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        redact_files(sweep_dir, "multirun.yaml")
+        sweep = read_sweep_file(sweep_dir)
+        uri = tracking.resolve_uri(config.tracking.uri)
+        records = results.read_all(sweep_dir, on_error=lambda err: say(f"warning: {err}"))
+        summarize(records, f"sweep {sweep_dir}", uri, wall_s=time.time() - sweep["started"])
+        close_parent(uri, sweep.get("parent_run_id"), "FINISHED" if exit_code(records) == 0 else "FAILED")

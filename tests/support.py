@@ -1,0 +1,114 @@
+"""Plain helpers the tests share (fixtures are in conftest.py): the CLI in a subprocess, the config
+composed in code, a real `mlflow server`, and the store read back."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from harness.app import CONF_DIR
+from harness.config import RunConfig, to_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["model=tiny", "decode_tokens=8", "warmup=2", "prompt_len=8", "cache_len=64"]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# A store that is down costs a test seconds, not the default retry budget
+QUICK_STORE = {"HARNESS_STORE_RETRY_S": "2", "HARNESS_STORE_TIMEOUT_S": "2"}
+
+
+def compose_cfg(*overrides: str) -> DictConfig:
+    """The config a command line with these overrides would run, composed from conf/ in code."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def run_config(*overrides: str) -> RunConfig:
+    return to_run_config(compose_cfg(*overrides))
+
+
+def harness_env(env: dict | None = None) -> dict:
+    full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    full_env.update(PYTHONPATH=str(REPO), **(env or {}))
+    return full_env
+
+
+def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=harness_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def store(workdir: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}")
+
+
+def runs_by_kind(client: MlflowClient):
+    """The experiment, its parent runs (any kind) and its job runs."""
+    exp = client.get_experiment_by_name("harness")
+    runs = client.search_runs([exp.experiment_id])
+    children = [r for r in runs if r.data.tags.get("harness.kind") == "job"]
+    parents = [r for r in runs if r.data.tags.get("harness.kind") not in (None, "job")]
+    return exp, parents, children
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_http(url: str, proc: subprocess.Popen, seconds: float = 90) -> None:
+    """Until url answers 200; fails at once if the process serving it has exited."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server for {url} exited with {proc.returncode} before answering")
+        try:
+            if urllib.request.urlopen(url, timeout=2).status == 200:
+                return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"{url} did not answer within {seconds:g} s")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+class MlflowServer:
+    """A real `mlflow server` on 127.0.0.1 over a SQLite file, which can be stopped and started again."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_for_http(f"{self.url}/health", self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc)
+        self.proc = None
