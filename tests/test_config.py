@@ -1,14 +1,20 @@
 """Compose the real config tree through Hydra's compose API, good input and bad."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+import re
+import typing
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError, to_run_config
-from tests.support import compose_cfg, run_config
+from harness.app import CONF_DIR
+from harness.config import ConfigError, RunConfig, to_run_config
+from tests.support import REPO, compose_cfg, run_config
 
 
 def test_defaults_are_qwen3_0_6b_eager():
@@ -87,3 +93,36 @@ def test_a_saved_config_validates_and_unknown_keys_are_refused():
     saved["_target_"] = "os.system"
     with pytest.raises(ConfigError, match="_target_"):
         to_run_config(OmegaConf.create(saved))
+
+
+def _schema_defaults(node: type, prefix: str = "") -> dict[str, str]:
+    """Every key of the schema that has a default, dotted, with its default as the README writes it."""
+    out, hints = {}, typing.get_type_hints(node)
+    for f in dataclasses.fields(node):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_schema_defaults(hints[f.name], f"{prefix}{f.name}."))
+            continue
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if value != "???":  # an architecture key: each model preset states it
+            out[f"{prefix}{f.name}"] = json.dumps(getattr(value, "value", value)).replace(" ", "").strip('"')
+    return out
+
+
+def test_the_readme_config_table_is_the_schema():
+    readme = (REPO / "README.md").read_text()
+    table = dict(re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", readme, flags=re.M))
+    defaults = _schema_defaults(RunConfig)
+    assert table.pop("model") == "qwen3-0.6b" == compose_cfg().model.name  # the group conf/config.yaml selects
+    assert table == defaults
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")))
+def test_every_experiment_preset_composes_into_valid_jobs(preset):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"+experiment={preset}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    axes = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
+    jobs = list(itertools.product(*axes))
+    assert len(jobs) >= 2
+    for job in jobs:  # every job of the preset passes the schema; none would fail before it ran
+        run_config(f"+experiment={preset}", *job)

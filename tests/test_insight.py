@@ -76,6 +76,7 @@ def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
     assert cells.startswith("| tiny | 64 | 1 | 10.000 ms, 1.00x | 8.000 ms, 1.25x | 2.000 ms, 5.00x |")
 
 
+@pytest.mark.e2e
 def test_report_on_a_real_tiny_sweep(workdir):
     assert run_harness("-m", *FAST, "bs=1,2", "cache_len=64,128", "mode=eager,graphed", cwd=workdir).returncode in (0, 1)
     proc = run_harness("report", "--out", "rep", cwd=workdir)
@@ -95,6 +96,7 @@ def test_report_on_a_real_tiny_sweep(workdir):
     assert {"report/summary.md", "report/latency_vs_bs.png"} <= logged
 
 
+@pytest.mark.e2e
 def test_report_against_a_real_mlflow_server(workdir, mlflow_server):
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
     assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env=env).returncode == 0

@@ -1,13 +1,18 @@
 """Issue 3's modes on CPU: bucket choice and padding, config checks, fused projections, Inductor."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from harness import models
 from harness.config import ConfigError
 from harness.job import JobError, measure, seeded_prompt
-from harness.modes import MODES
+from harness.modes import MODES, ModeSpec
+from harness.modes.eager import EagerMode
+from harness.report import table_markdown
 from harness.modes.base import pad_rows
 from harness.modes.bucketed import pick_bucket
 from harness.modes.eager import EagerStepper
@@ -140,3 +145,39 @@ def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     m = result.metrics
     assert m["tokens_match"] == 1.0 and m["compile_ms"] > 0
     assert len(result.step_ms) == 8
+
+
+class ThrowawayStepper(EagerStepper):
+    """A mode that exists only in this test: eager steps, reported under another name."""
+
+
+class ThrowawayMode(EagerMode):
+    name = "throwaway"
+    verify_against_eager = True
+
+    def prepare(self, model, prompt, cfg):
+        stepper = ThrowawayStepper(model, prompt, cfg.cache_len)
+        stepper.tags["throwaway"] = "yes"
+        return stepper
+
+
+def test_a_new_mode_is_one_class_and_one_registry_line(monkeypatch):
+    monkeypatch.setitem(MODES, "throwaway", ModeSpec("throwaway", f"{__name__}:ThrowawayMode", graph_steps=True))
+    cfg = run_config(*FAST, "mode=throwaway", "graph_steps=2", "device=cpu", "dtype=fp32")  # the schema asks the registry
+    assert cfg.label == "tiny bs=1 cache=64 throwaway steps=2"
+    result = measure(run_config(*FAST, "mode=throwaway", "device=cpu", "dtype=fp32"))
+    assert result.failure is None and result.mode_tags == {"throwaway": "yes"}
+    assert result.metrics["tokens_match"] == 1.0  # verified against eager like any mode
+    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, prompt_len=8, dtype="fp32", mode=mode,
+                 variant=mode, median_ms=1.0, efficiency=None, floor_ms=None, reason="")
+            for i, mode in enumerate(["throwaway", "compiled", "eager"])]
+    assert table_markdown(rows).splitlines()[0] == "| model | cache_len | bs | eager | compiled | throwaway |"
+    monkeypatch.delitem(MODES, "throwaway")
+    with pytest.raises(ConfigError, match="mode=throwaway is invalid: use one of eager, graphed"):
+        run_config(*FAST, "mode=throwaway")
+
+
+def test_the_registry_imports_no_torch():
+    code = "import sys, harness.modes, harness.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 from tests import slurm_cluster
 from tests.support import FAST, REPO, MlflowServer, run_harness, runs_by_kind
 
-pytestmark = pytest.mark.skipif(slurm_cluster.missing() is not None,
-                                reason=f"no SLURM here: {slurm_cluster.missing()}")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(slurm_cluster.missing() is not None,
+                                                  reason=f"no SLURM here: {slurm_cluster.missing()}")]
 LAUNCH = ["hydra/launcher=slurm", "hydra.launcher.array_parallelism=2", "hydra.launcher.gpus_per_node=null",
           "hydra.launcher.mem_gb=1", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
           "hydra.launcher.partition=debug"]
@@ -70,7 +70,9 @@ def test_a_server_outage_during_the_sweep_loses_no_run(workdir, cluster, tmp_pat
     _, env = cluster
     server = MlflowServer(tmp_path / "server")
     server.start()
-    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server.url}
+    # the outage (8 s down, then the server's own start-up) outlasts the default 15 s retry budget
+    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server.url,
+                "HARNESS_STORE_RETRY_S": "90"}
     sweep = subprocess.Popen([sys.executable, "-m", "harness", "-m", *LAUNCH, *FAST, "bs=1,2,3,4"], cwd=workdir,
                              env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

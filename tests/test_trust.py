@@ -2,6 +2,8 @@
 Real subprocesses of the CLI against real SQLite stores."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -14,6 +16,8 @@ from mlflow.tracking import MlflowClient
 
 from harness.redact import redact
 from tests.support import FAST, QUICK_STORE, REPO, free_port, harness_env, run_harness, runs_by_kind, stop_group, store, wait_for_http
+
+pytestmark = pytest.mark.e2e  # real subprocesses of the CLI: run with `-m e2e`, left out of `-m "not e2e"`
 
 
 def child_runs(workdir: Path):
@@ -109,7 +113,7 @@ def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
 
 
 def test_sync_imports_what_an_unreachable_store_missed_exactly_once(workdir):
-    down = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    down = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9", **QUICK_STORE}
     proc = run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env=down)
     assert "kept in" in proc.stderr and len(list((workdir / "outputs").glob("**/result.json"))) == 2
     assert not (workdir / "mlruns").exists()
@@ -123,7 +127,7 @@ def test_sync_imports_what_an_unreachable_store_missed_exactly_once(workdir):
 
 
 def test_a_corrupt_result_file_is_named_and_the_others_import(workdir):
-    proc = run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    proc = run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9", **QUICK_STORE})
     first, second = sorted((workdir / "outputs").glob("**/result.json"))
     second.write_text('{"status": "FINI')  # a partial write
     synced = run_harness("sync", "outputs", cwd=workdir)
