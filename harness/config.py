@@ -45,19 +45,19 @@ class ModelConfig:
     """A decoder-only architecture (transformers `model_type`) plus where its weights come from.
     The architecture has no defaults here: each preset in conf/model/ states all of it."""
 
-    name: str = MISSING
-    model_type: str = MISSING
-    vocab_size: int = MISSING
-    hidden_size: int = MISSING
-    intermediate_size: int = MISSING
-    num_hidden_layers: int = MISSING
-    num_attention_heads: int = MISSING
-    num_key_value_heads: int = MISSING
-    head_dim: int = MISSING
-    rms_norm_eps: float = MISSING
-    rope_theta: float = MISSING
-    tie_word_embeddings: bool = MISSING
-    max_position_embeddings: int = MISSING
+    name: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int
     # A local checkpoint directory (config.json + *.safetensors) or a hub id; None = seeded random weights.
     weights: Optional[str] = None
     # Merge q/k/v into one linear and gate/up into one: fewer, larger GEMMs per layer, same outputs.

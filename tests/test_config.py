@@ -103,7 +103,7 @@ def _schema_defaults(node: type, prefix: str = "") -> dict[str, str]:
             out.update(_schema_defaults(hints[f.name], f"{prefix}{f.name}."))
             continue
         value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if value != "???":  # an architecture key: each model preset states it
+        if value not in ("???", dataclasses.MISSING):  # an architecture key: each model preset states it
             out[f"{prefix}{f.name}"] = json.dumps(getattr(value, "value", value)).replace(" ", "").strip('"')
     return out
 
