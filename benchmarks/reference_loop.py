@@ -23,7 +23,7 @@ from transformers import StaticCache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import models  # noqa: E402
 from harness.job import measure, seeded_prompt  # noqa: E402
-from harness.sweep import compose_run_config as run_config  # noqa: E402
+from tests.support import run_config  # noqa: E402
 
 NUM_DECODE_TOKENS = 128
 WARMUP_STEPS = 10
@@ -93,7 +93,7 @@ def main() -> None:
     for r in range(args.rounds):
         t = time.perf_counter()
         ref.append(statistics.median(reference_graphed(model, prompt, args.cache_len)))
-        har.append(measure(cfg)["metrics"]["step_ms_median"])
+        har.append(measure(cfg).metrics["step_ms_median"])
         print(f"round {r}: reference {ref[-1]:.4f} ms/step, harness {har[-1]:.4f} ms/step "
               f"({time.perf_counter() - t:.1f} s)", flush=True)
     ratio = statistics.median(har) / statistics.median(ref)
