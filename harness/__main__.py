@@ -1,15 +1,25 @@
 """`python -m harness [overrides]` / `harness [overrides]`: one Hydra job per call, or a sweep with -m.
-`harness rerun|sync|ui ...`: the subcommands in cli.py."""
+`harness report|rerun|sync|ui ...`: the subcommands in cli.py."""
 from __future__ import annotations
 
 import signal
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 import hydra
 from omegaconf import DictConfig
 
-import harness.config  # noqa: F401 - registers the schema in Hydra's ConfigStore
 from harness import app
+from harness.config import ConfigError, check_overrides
+
+USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m harness works the same)
+       harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each
+       harness report [SWEEP_RUN_ID] | rerun RUN_ID [KEY=VALUE ...] | sync OUTPUT_DIR | ui
+       harness --tracking-uri URI COMMAND ...     report, rerun, sync and ui against another store
+       harness --version | --help | --hydra-help  (Hydra's own flags, --cfg job among them, work as in any Hydra app)
+
+The keys, their defaults and meanings are in the README's table (the schema is harness/config.py);
+`harness COMMAND --help` describes a subcommand."""
 
 
 @hydra.main(version_base="1.3", config_path=app.CONF_DIR, config_name="config")
@@ -21,24 +31,36 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _version() -> str:
+    try:
+        return version("harness")
+    except PackageNotFoundError:  # run from a checkout that was not pip-installed
+        return "unknown (not installed)"
+
+
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in _commands():
+    from harness.cli import COMMANDS
+
+    argv = sys.argv[1:]
+    if argv[:1] in (["--help"], ["-h"]):
+        sys.exit(print(USAGE))
+    if argv[:1] == ["--version"]:
+        sys.exit(print(f"harness {_version()}"))
+    if argv and (argv[0] in COMMANDS or argv[0].startswith("--tracking-uri")):
         from harness import cli
 
-        sys.exit(cli.main(sys.argv[1:]))
+        sys.exit(cli.main(argv))
+    try:
+        check_overrides(argv)
+    except ConfigError as err:
+        sys.exit(print(f"harness: {err}", file=sys.stderr) or 2)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends runs KILLED, as Ctrl-C does
     try:
         _job()
     except KeyboardInterrupt:
-        print("[harness] interrupted: the current run and its sweep are recorded KILLED", file=sys.stderr)
+        print("[harness] interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(app.exit_status())
-
-
-def _commands() -> tuple[str, ...]:
-    from harness.cli import COMMANDS
-
-    return COMMANDS
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def run_single(cfg: DictConfig, ctx: JobContext) -> JobRecord:
     label = run_label(flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
     ctx.parent = open_parent(ctx.uri, ctx.experiment, f"run {label}", "run", {"run_dir": str(ctx.job_dir.resolve())})
     record = execute(cfg, ctx)  # an interrupt ends the parent KILLED in there
-    close_parent(ctx.uri, ctx.parent, status="FINISHED" if record.ok else "FAILED")
+    close_parent(ctx.uri, ctx.parent, "FINISHED" if record.ok else "FAILED", failure_summary([record]))
     summarize([record], f"run {ctx.job_dir}", ctx.uri)
     return record
 
@@ -94,6 +94,14 @@ def summarize(records: list[JobRecord], title: str, uri: str, wall_s: float | No
     print_summary(records, title, tracking.ui_command(uri), wall_s=wall_s)
 
 
+def failure_summary(records: list[JobRecord]) -> str | None:
+    """A parent's failure reason: how many of its jobs failed, and the first ones' reasons."""
+    failed = [r for r in records if not r.ok]
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(records)} jobs failed: " + "; ".join(f"{r.label}: {r.reason}" for r in failed[:3])
+
+
 REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
 
 
@@ -111,6 +119,7 @@ class SweepCallback(Callback):
     """Opens the sweep's parent run before any job, closes it and prints the table after the last."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        started = time.time()  # the sweep's wall clock includes any wait on the store below
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = tracking.resolve_uri(config.tracking.uri)
         refuse_sqlite_across_hosts(config.hydra.launcher.get("_target_", ""), uri)
@@ -118,7 +127,7 @@ class SweepCallback(Callback):
         overrides = redact(" ".join(config.hydra.overrides.task))
         parent = open_parent(uri, config.tracking.experiment, f"sweep {sweep_dir.name}", "sweep",
                              {"overrides": overrides, "sweep_dir": str(sweep_dir.resolve())})
-        update_sweep_file(sweep_dir, parent_run_id=parent, tracking_uri=redact(uri), started=time.time(),
+        update_sweep_file(sweep_dir, parent_run_id=parent, tracking_uri=redact(uri), started=started,
                           experiment=config.tracking.experiment, overrides=overrides)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
@@ -128,4 +137,5 @@ class SweepCallback(Callback):
         uri = tracking.resolve_uri(config.tracking.uri)
         records = results.read_all(sweep_dir, on_error=lambda err: say(f"warning: {err}"))
         summarize(records, f"sweep {sweep_dir}", uri, wall_s=time.time() - sweep["started"])
-        close_parent(uri, sweep.get("parent_run_id"), "FINISHED" if exit_code(records) == 0 else "FAILED")
+        close_parent(uri, sweep.get("parent_run_id"), "FAILED" if exit_code(records) else "FINISHED",
+                     failure_summary(records))

@@ -1,67 +1,125 @@
-"""The subcommands beside the Hydra entry point: rerun, sync, ui. Thin: parse, then call down."""
+"""The subcommands beside the Hydra entry point: report, rerun, sync, ui. Thin: parse, then call down.
+Every error is one line on stderr with a non-zero exit; its traceback goes to a log file the line names."""
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
+import traceback
 from datetime import datetime
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness import results, tracking
-from harness.config import ConfigError, to_run_config
+from harness import results, retry, runlog, tracking
+from harness.config import ConfigError, check_overrides, to_run_config
 from harness.progress import say
 from harness.record import JobRecord, exit_code
-from harness.summary import print_summary
+from harness.redact import redact
 from harness.runner import JobContext, execute
+from harness.summary import print_summary
 
 COMMANDS = ("rerun", "sync", "ui", "report")
+LOG_DIR = Path.home() / ".cache" / "harness" / "logs"
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="harness", description="harness subcommands; "
-                                     "without one, `harness [overrides]` runs a job or a sweep (-m)")
-    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else ./mlruns")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("rerun", help="run a logged run (or a whole sweep, given its parent) again")
+class UsageError(ValueError):
+    """A command line argparse refused."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--tracking-uri", default=argparse.SUPPRESS, help="default: $MLFLOW_TRACKING_URI, else ./mlruns")
+    parser = Parser(prog="harness", parents=[store], description="harness subcommands; without one, "
+                    "`harness [overrides]` runs a job or a sweep (-m)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    p = sub.add_parser("rerun", parents=[store], help="run a logged run (or a whole sweep, given its parent) again")
     p.add_argument("run_id")
-    p.add_argument("overrides", nargs="*", help="key=value changes, e.g. decode_tokens=512")
-    p = sub.add_parser("sync", help="log every result.json under a folder that the store lacks, once")
+    p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="changes, e.g. decode_tokens=512")
+    p = sub.add_parser("sync", parents=[store], help="log every result.json under a folder that the store lacks, once")
     p.add_argument("output_dir", type=Path)
     p.add_argument("--experiment", default=None, help="default: the one each result names")
-    p = sub.add_parser("report", help="a sweep's table, plots and summary, logged on its parent run")
+    p = sub.add_parser("report", parents=[store], help="a sweep's table, plots and summary, logged on its parent run")
     p.add_argument("sweep_run_id", nargs="?", default=None, help="default: the newest sweep")
     p.add_argument("--experiment", default="harness")
     p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
-    p = sub.add_parser("ui", help="browse the store in MLflow's UI (bound to 127.0.0.1 unless told otherwise)")
+    p = sub.add_parser("ui", parents=[store], help="browse the store in MLflow's UI (on 127.0.0.1 unless told otherwise)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
-    args = parser.parse_args(argv)
-    uri = tracking.resolve_uri(args.tracking_uri)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    command, uri = next((a for a in argv if a in COMMANDS), ""), None
     try:
-        if args.command == "rerun":
-            return rerun(uri, args.run_id, args.overrides)
-        if args.command == "sync":
-            return sync(uri, args.output_dir, args.experiment)
-        if args.command == "report":
-            return report(uri, args.sweep_run_id, args.experiment, args.out)
-        return ui(uri, args.host, args.port)
-    except (ConfigError, tracking.StoreError) as err:
-        print(f"harness {args.command}: {err}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=args.command in ("report", "rerun"))
+        return _run(args, uri)
+    except Exception as err:  # noqa: BLE001 - one line for any error, the traceback in a file
+        if uri is not None and retry.is_transient(err):
+            err = tracking.StoreError(f"cannot reach the tracking store {uri} ({type(err).__name__}); is it up? "
+                                      "Results kept on disk can be logged later with `harness sync`")
+        return _fail(command, err)
+
+
+def _run(args, uri: str) -> int:
+    if args.command == "rerun":
+        return rerun(uri, args.run_id, args.overrides)
+    if args.command == "sync":
+        return sync(uri, args.output_dir, args.experiment)
+    if args.command == "report":
+        return report(uri, args.sweep_run_id, args.experiment, args.out)
+    return ui(uri, args.host, args.port)
+
+
+def _fail(command: str, err: Exception) -> int:
+    known = isinstance(err, (ConfigError, UsageError, tracking.StoreError))
+    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    line = f"harness {command}: " if command else "harness: "
+    line += redact(message if known else f"{type(err).__name__}: {message}")
+    if not isinstance(err, (UsageError, ConfigError)):
+        log = _write_log(command, traceback.format_exc())
+        line += f" (traceback: {log})" if log else ""
+    print(line, file=sys.stderr)
+    return 2
+
+
+def _write_log(command: str, text: str) -> Path | None:
+    try:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        path = LOG_DIR / f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{command or 'harness'}.log"
+        path.write_text(redact(text))
+        return path
+    except OSError:
+        return None
+
+
+def _store_uri(given: str | None, must_exist: bool) -> str:
+    """The store to use; a command that only reads refuses to create an empty one."""
+    uri = tracking.resolve_uri(given, create=not must_exist)
+    if must_exist and uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise tracking.StoreError(f"no tracking store at {uri}: run a sweep here first, or pass --tracking-uri "
+                                  "(or set MLFLOW_TRACKING_URI)")
+    return uri
 
 
 def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
+    check_overrides(overrides)
     source = tracking.get_run(uri, run_id)
     experiment = tracking.experiment_name(uri, source)
-    runs = tracking.children(uri, source) if source.data.tags.get("harness.kind") == "sweep" else [source]
+    runs = tracking.children(uri, source) if source.data.tags.get("harness.kind") != "job" else [source]
     if not runs:
         raise ConfigError(f"run {run_id} is a sweep with no job runs to rerun")
     configs = [(run, rerun_config(tracking.load_config(uri, run.info.run_id), overrides)) for run in runs]
     parent = tracking.start_parent(uri, experiment, f"rerun of {source.info.run_name}", "rerun",
                                    {"rerun_of": run_id, "overrides": " ".join(overrides)})
-    out_dir = Path("outputs") / "reruns" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    out_dir = Path("outputs") / "reruns" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}-{parent[:6]}"
     outcomes = []
     for i, (run, cfg) in enumerate(configs):
         ctx = JobContext(out_dir / str(i), uri, experiment, parent, i, overrides, progress=f"rerun {i + 1}/{len(configs)}",
@@ -76,9 +134,13 @@ def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
 
 def rerun_config(logged: dict, overrides: list[str]):
     """A logged config is data: it must pass the schema (no unknown keys, so no `_target_`),
-    before and after the overrides; nothing in it is imported or instantiated."""
+    before and after the overrides; nothing in it is imported or instantiated. A rerun measures
+    again: resume is off, or the run would find itself as its own finished twin."""
     base = OmegaConf.structured(to_run_config(OmegaConf.create(logged)))
-    changed = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)) if overrides else base
+    try:
+        changed = OmegaConf.merge(base, OmegaConf.from_dotlist([*overrides, "resume=false"]))
+    except Exception as err:  # noqa: BLE001 - OmegaConf's own message names the key and the value
+        raise ConfigError(str(err).splitlines()[0]) from err
     return OmegaConf.structured(to_run_config(changed))
 
 
@@ -93,20 +155,20 @@ def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:
 
 
 def sync(uri: str, output_dir: Path, experiment: str | None) -> int:
-    """Import the result files the store is missing, each exactly once (matched by result id)."""
+    """Import the result files the store is missing, each exactly once (matched by result id); first,
+    mark the abandoned runs of every experiment the folder names (a sweep killed before any job ended too)."""
     if not output_dir.is_dir():
         raise ConfigError(f"{output_dir} is not a folder of harness outputs")
-    imported = present = bad = 0
-    parents: dict[str, str] = {}
-    for path in results.find(output_dir):
-        try:
-            record = results.read(path)
-        except results.ResultFileError as err:
-            say(f"error: {err}")
-            bad += 1
-            continue
-        exp = experiment or record.experiment
+    bad: list[Exception] = []
+    found = results.read_dir(output_dir, on_error=bad.append)
+    for err in bad:
+        say(f"error: {err}")
+    for exp in {experiment} if experiment else _experiments(output_dir, [r for _, r in found]):
         tracking.mark_abandoned(uri, exp)
+    imported = present = 0
+    parents: dict[str, str] = {}
+    for path, record in found:
+        exp = experiment or record.experiment
         if record.status == "SKIPPED" or tracking.find_result(uri, exp, record.result_id):
             present += 1
             continue
@@ -116,12 +178,19 @@ def sync(uri: str, output_dir: Path, experiment: str | None) -> int:
                 parents[exp] = tracking.start_parent(uri, exp, f"sync {output_dir}", "sync",
                                                      {"sync_dir": str(output_dir.resolve())})
             parent = parents[exp]
-        tracking.log_job(uri, exp, parent, record, path.parent)
+        runlog.log_job(uri, exp, parent, record, path.parent)
         imported += 1
     for parent in parents.values():
         tracking.end_run(uri, parent, "FINISHED")
-    print(f"sync {output_dir}: {imported} imported, {present} already in the store, {bad} unreadable")
+    print(f"sync {output_dir}: {imported} imported, {present} already in the store, {len(bad)} unreadable")
     return 1 if bad else 0
+
+
+def _experiments(output_dir: Path, records: list[JobRecord]) -> set[str]:
+    from harness.app import SWEEP_FILE, read_sweep_file
+
+    names = {r.experiment for r in records} | {"harness"}
+    return names | {read_sweep_file(p.parent).get("experiment", "harness") for p in output_dir.glob(f"**/{SWEEP_FILE}")}
 
 
 def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None) -> int:
@@ -130,14 +199,19 @@ def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None
     out = out or sweep_report.default_dir()
     text, plots, parent = sweep_report.build(uri, sweep_run_id, experiment, out)
     print(text)
-    print(f"wrote {out / 'summary.md'} and {', '.join(p.name for p in plots)}; logged under report/ on run {parent}")
+    files = ", ".join(p.name for p in [out / "summary.md", *plots])
+    print(f"wrote {files} in {out}; logged under report/ on run {parent}")
     return 0
 
 
 def ui(uri: str, host: str, port: int) -> int:
+    """MLflow's UI from this interpreter's own mlflow (no PATH needed), on a port that must be free."""
+    with socket.socket() as probe:
+        if probe.connect_ex((host if host != "0.0.0.0" else "127.0.0.1", port)) == 0:
+            raise ConfigError(f"port {port} on {host} is already in use: pass --port with a free one")
     if host not in ("127.0.0.1", "localhost", "::1"):
         say(f"warning: serving the MLflow UI on {host}: anyone who can reach it can read and change the runs")
-    argv = ["mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    say(" ".join(argv))
-    os.execvp(argv[0], argv)
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    say(redact(f"mlflow ui --backend-store-uri {uri} --host {host} --port {port}"))
+    os.execv(argv[0], argv)
     return 0  # not reached

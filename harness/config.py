@@ -6,10 +6,13 @@ wrong type or an unknown enum value is caught by Hydra itself. Checks that relat
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import json
 import re
 import secrets
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
@@ -19,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.modes import MODES
+from harness.record import flatten
 
 
 class ConfigError(ValueError):
@@ -189,8 +193,42 @@ def run_label(flat: Mapping[str, Any]) -> str:
     return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} cache={flat.get('cache_len', '?')} {run_variant(flat)}"
 
 
+GROUPS = ("model", "experiment")  # config groups a command line may select (`+experiment=` adds one)
+
+
+def schema_keys(node: type = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema: `bs`, `model.hidden_size`, `tracking.uri`, ..."""
+    keys = []
+    for f in dataclasses.fields(node or RunConfig):
+        sub = typing.get_type_hints(node or RunConfig)[f.name]
+        keys += schema_keys(sub, f"{prefix}{f.name}.") if dataclasses.is_dataclass(sub) else [f"{prefix}{f.name}"]
+    return keys
+
+
+def check_keys(keys) -> None:
+    """Refuse a key the schema lacks, naming the nearest one that exists."""
+    known = schema_keys()
+    for key in keys:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            raise ConfigError(f"{key} is not a config key" + (f": did you mean {near[0]}?" if near else
+                              f"; the keys are {', '.join(known)}"))
+
+
+def check_overrides(args) -> None:
+    """The keys of command-line overrides (`k=v`, `+k=v`, `++k=v`), checked before Hydra composes them:
+    a typo is refused in one line, and `+` adds no key the schema lacks (only a documented group)."""
+    for arg in args:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if arg.startswith("-") or "=" not in arg or key.split(".")[0].split("/")[0] == "hydra" or key in GROUPS:
+            continue
+        check_keys([key])
+
+
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """Validate a composed (or saved) config against the schema. Unknown keys are rejected."""
+    data = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    check_keys(k for k in flatten(data) if not k.startswith("hydra."))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
         return OmegaConf.to_object(merged)  # runs every __post_init__

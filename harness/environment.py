@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from harness import ENV_AT_START
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -63,6 +65,8 @@ def gpu_facts(index: int) -> dict[str, str]:
     return facts
 
 
+# Set by torch's own import chain (Inductor's cache folder): logged only where the user had set it
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 TUNING_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_CUDNN_", "CUBLAS_", "CUBLASLT_", "NVIDIA_TF32")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -92,5 +96,6 @@ def environment_tags(device: torch.device) -> dict[str, str]:
     else:
         tags["cpu"] = platform.processor() or platform.machine()
     # Switches that change what a run measures without appearing in its config
-    tags.update({name: value for name, value in os.environ.items() if name.startswith(TUNING_ENV_PREFIXES)})
+    tags.update({name: value for name, value in os.environ.items() if name.startswith(TUNING_ENV_PREFIXES)
+                 and (name not in SET_BY_TORCH or name in ENV_AT_START)})
     return tags

@@ -83,6 +83,9 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     if cfg.profile and device.type == "cuda":
         on_phase("profile")
         metrics.update(profile_steps(stepper, cfg.profile_steps, artifacts_dir))
+    elif cfg.profile:
+        stepper.tags["profile"] = "skipped: the profiler pass times CUDA kernels, and this job ran on the CPU"
+        on_phase(f"profile {stepper.tags['profile']}")
     result = Measurement(metrics, timing.step_ms, timing.clock, loaded.weights, loaded.source, loaded.reused,
                          stepper.tags, arch, environment_tags(device))
     if mode.verify_against_eager:

@@ -73,10 +73,24 @@ def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device,
     if kind == "hub" and (path.is_absolute() or cfg.weights.startswith(".")):
         raise ConfigError(f"model.weights={cfg.weights!r} is not a directory (nor a hub id)")
     source = str(path.resolve()) if kind == "checkpoint" else cfg.weights
+    check_architecture(cfg, AutoConfig.from_pretrained(source, trust_remote_code=False))
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype, attn_implementation=attn, use_safetensors=True, trust_remote_code=False,
     )
     return model.to(device), kind, source
+
+
+def check_architecture(cfg: ModelConfig, found) -> None:
+    """A checkpoint must hold the preset's architecture, or its runs would carry the preset's name and
+    numbers for another model."""
+    def value(key):  # transformers 5 keeps rope_theta among rope_parameters
+        return getattr(found, key, None) if hasattr(found, key) else (getattr(found, "rope_parameters", None) or {}).get(key)
+
+    expected = {"model_type": cfg.model_type, **cfg.architecture()}
+    differ = [f"{k}={value(k)} (model={cfg.name} has {v})" for k, v in expected.items() if value(k) != v]
+    if differ:
+        raise ConfigError(f"model.weights={cfg.weights} is not a {cfg.name}: " + ", ".join(differ)
+                          + "; pick the model preset of that checkpoint, or a new conf/model/ file for it")
 
 
 def packed_gqa_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):

@@ -18,21 +18,27 @@ from harness.summary import speedups  # noqa: E402
 
 
 def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list[dict]]:
-    """The sweep's parent run and one row per job run (failed ones included, with their reason)."""
+    """The sweep's parent run and one row per job run (failed ones included, with their reason). A job
+    that a resumed sweep skipped is shown by the finished run that stood in for it."""
     parent = tracking.get_run(uri, parent_id) if parent_id else tracking.newest_sweep(uri, experiment)
-    rows = []
-    for run in tracking.children(uri, parent):
-        p, m, t = run.data.params, run.data.metrics, run.data.tags
-        rows.append({
-            "id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
-            "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
-            "variant": run_variant(p),
-            "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")), "dtype": p.get("dtype"),
-            "median_ms": m.get("step_ms_median"),
-            "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),
-            "reason": t.get("failure_reason", ""),
-        })
-    return parent, rows
+    runs = [(run, "") for run in tracking.children(uri, parent)]
+    for key, twin in sorted(parent.data.tags.items()):
+        if key.startswith("harness.resumed."):
+            runs.append((tracking.get_run(uri, twin), f" (resumed: run {twin})"))
+    return parent, [_row(run, note) for run, note in runs]
+
+
+def _row(run, note: str) -> dict:
+    p, m, t = run.data.params, run.data.metrics, run.data.tags
+    return {
+        "id": run.info.run_id, "name": run.info.run_name + note, "status": run.info.status,
+        "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
+        "variant": run_variant(p),
+        "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")), "dtype": p.get("dtype"),
+        "median_ms": m.get("step_ms_median"),
+        "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),
+        "reason": t.get("failure_reason", ""),
+    }
 
 
 def _int(value) -> int | None:
@@ -45,6 +51,8 @@ def _int(value) -> int | None:
 def table_markdown(rows: list[dict]) -> str:
     """Rows: model x cache_len x bs; columns: modes and their variants (fused, steps=4, ...);
     cells: median ms/step, speedup over eager, efficiency."""
+    if not rows:
+        return "(no job runs in this sweep)"
     speedup = speedups(rows)
     known = list(MODES)
     order = lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v)  # noqa: E731

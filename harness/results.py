@@ -49,15 +49,19 @@ def read(path: Path) -> JobRecord:
     return JobRecord.from_dict(data)
 
 
-def read_all(folder: Path, on_error) -> list[JobRecord]:
-    """Every readable result under a folder; each unreadable one goes to on_error(ResultFileError)."""
-    records = []
+def read_dir(folder: Path, on_error) -> list[tuple[Path, JobRecord]]:
+    """Every readable result under a folder with its path; each unreadable one goes to on_error(ResultFileError)."""
+    found = []
     for path in find(folder):
         try:
-            records.append(read(path))
+            found.append((path, read(path)))
         except ResultFileError as err:
             on_error(err)
-    return records
+    return found
+
+
+def read_all(folder: Path, on_error) -> list[JobRecord]:
+    return [record for _, record in read_dir(folder, on_error)]
 
 
 def find(sweep_dir: Path) -> list[Path]:

@@ -3,13 +3,16 @@ Hydra task (harness/app.py) and `harness rerun`. Every failure becomes a FAILED 
 nothing is raised to the caller but an interrupt, so one job's failure never stops a sweep."""
 from __future__ import annotations
 
+import signal
+import threading
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import results, tracking
+from harness import results, runlog, tracking
 from harness.config import ConfigError, config_hash, run_label, to_run_config
 from harness.job import JobError, measure
 from harness.progress import say
@@ -46,9 +49,11 @@ def execute(cfg: DictConfig, ctx: JobContext) -> JobRecord:
     try:
         _run(cfg, ctx, record, progress)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: record this job KILLED, then let the sweep stop
-        record.status, record.reason = "KILLED", "interrupted (SIGINT or SIGTERM)"
-        finish(record, ctx)
-        close_parent(ctx.uri, ctx.parent, status="KILLED")
+        with signals_held():  # a second Ctrl-C must not cut the record short
+            record.status, record.reason = "KILLED", "interrupted (SIGINT or SIGTERM)"
+            finish(record, ctx)
+            close_parent(ctx.uri, ctx.parent, status="KILLED", reason="interrupted (SIGINT or SIGTERM)")
+            progress(outcome(record))
         raise
     if record.status != "SKIPPED":
         finish(record, ctx)
@@ -63,6 +68,7 @@ def _run(cfg: DictConfig, ctx: JobContext, record: JobRecord, progress) -> None:
         if run_cfg.resume and (done := _finished_twin(ctx, record.config_hash)):
             record.status, record.reason = "SKIPPED", f"resume: run {done} already FINISHED with this config"
             results.write(ctx.job_dir, record)
+            _note_resumed(ctx, done)
             return
         record.measured(measure(run_cfg, on_phase=progress, artifacts_dir=ctx.job_dir))
     except (ConfigError, JobError) as err:
@@ -71,6 +77,30 @@ def _run(cfg: DictConfig, ctx: JobContext, record: JobRecord, progress) -> None:
         record.status, record.reason = "FAILED", redact(f"{type(err).__name__}: {err}".splitlines()[0])
         ctx.job_dir.mkdir(parents=True, exist_ok=True)
         (ctx.job_dir / "error.log").write_text(redact(traceback.format_exc()))
+
+
+def _note_resumed(ctx: JobContext, twin: str) -> None:
+    """The parent names the finished run that stands in for a skipped job, so that reports show it."""
+    if ctx.parent is None:
+        return
+    try:
+        tracking.client(ctx.uri).set_tag(ctx.parent, f"harness.resumed.{ctx.job_num}", twin)
+    except Exception as err:  # noqa: BLE001 - the job is skipped either way
+        say(f"warning: could not note the resumed run {twin} on the parent ({type(err).__name__})")
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM ignored for the duration (main thread only, where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _finished_twin(ctx: JobContext, config_hash: str) -> str | None:
@@ -85,7 +115,7 @@ def finish(record: JobRecord, ctx: JobContext) -> None:
     """result.json first, then the store; a store failure costs nothing but a warning."""
     results.write(ctx.job_dir, record)
     try:
-        record.mlflow_run_id = tracking.log_job(ctx.uri, ctx.experiment, ctx.parent, record, ctx.job_dir)
+        record.mlflow_run_id = runlog.log_job(ctx.uri, ctx.experiment, ctx.parent, record, ctx.job_dir)
     except Exception as err:  # noqa: BLE001 - the store is optional, the result file is not
         say(f"warning: could not log {record.label} to {redact(ctx.uri)} ({type(err).__name__}: "
             f"{redact(str(err))[:200]}); its result is kept in {ctx.job_dir / results.RESULT_FILE} for `harness sync`")
@@ -109,10 +139,10 @@ def open_parent(uri: str, experiment: str, name: str, kind: str, tags: dict) -> 
         return None
 
 
-def close_parent(uri: str, parent: str | None, status: str) -> None:
+def close_parent(uri: str, parent: str | None, status: str, reason: str | None = None) -> None:
     if parent is None:
         return
     try:
-        tracking.end_run(uri, parent, status)
+        tracking.end_run(uri, parent, status, reason)
     except Exception as err:  # noqa: BLE001
         say(f"warning: could not close parent run {parent} ({type(err).__name__}: {redact(str(err))[:200]})")

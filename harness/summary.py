@@ -35,9 +35,9 @@ def row(record: JobRecord) -> dict:
             "median_ms": record.metrics.get("step_ms_median")}
 
 
-def table(results: list[JobRecord], title: str) -> Table:
+def table(results: list[JobRecord]) -> Table:
     speedup = speedups([row(r) for r in results])
-    t = Table(title=title, title_justify="left")
+    t = Table()
     for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median)", "right"),
                           ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"),
                           ("reason", "left")):
@@ -71,8 +71,12 @@ def _short(text: str, width: int = 60) -> str:
 
 
 def print_summary(results: list[JobRecord], title: str, ui_hint: str, wall_s: float | None = None) -> None:
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    console.print(table(results, title))
+    # a terminal's own width; into a pipe or file, lines as long as their content (up to 160), never padded
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(title, markup=False, highlight=False, soft_wrap=True)
+    with console.capture() as captured:
+        console.print(table(results))
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
     for r in results:
         if not r.ok:
             console.print(f"{r.status}: {r.label}: {r.reason}", markup=False, highlight=False, soft_wrap=True)

@@ -3,34 +3,34 @@ no atexit hook can end a run as FINISHED behind our back: every status is set he
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import socket
 import tempfile
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
-from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from harness import retry
-from harness.record import JobRecord, flatten
 from harness.redact import redact, redact_tree
 
 STORE_DIR = "mlruns"
 PARENT_TAG = "mlflow.parentRunId"
-MAX_BATCH = 100  # MLflow's limit on params (and tags) per log_batch call
 
 
-def resolve_uri(configured: str | None) -> str:
-    """tracking.uri, else $MLFLOW_TRACKING_URI, else the embedded SQLite store under ./mlruns."""
+def resolve_uri(configured: str | None, create: bool = True) -> str:
+    """tracking.uri, else $MLFLOW_TRACKING_URI, else the embedded SQLite store under ./mlruns (its folder
+    created unless `create` is off, for commands that only read)."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     root = Path.cwd() / STORE_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
@@ -45,7 +45,22 @@ def _artifact_root(uri: str) -> str | None:
 def client(uri: str) -> MlflowClient:
     for var, value in retry.http_settings().items():  # read by MLflow at each request; a user's own value wins
         os.environ.setdefault(var, value)
-    return MlflowClient(tracking_uri=uri)
+    c = MlflowClient(tracking_uri=uri)
+    if uri.startswith("sqlite:///"):  # sweeps started together must not create the tables twice
+        with _file_lock(Path(uri[len("sqlite:///"):]).with_suffix(".init-lock")):
+            c.search_experiments(max_results=1)
+    return c
+
+
+@contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def experiment_id(uri: str, name: str) -> str:
@@ -53,7 +68,12 @@ def experiment_id(uri: str, name: str) -> str:
     found = c.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    return c.create_experiment(name, artifact_location=_artifact_root(uri))
+    try:
+        return c.create_experiment(name, artifact_location=_artifact_root(uri))
+    except Exception:  # noqa: BLE001 - a process beside this one created it first
+        if (found := c.get_experiment_by_name(name)) is None:
+            raise
+        return found.experiment_id
 
 
 PARENT_KINDS = ("sweep", "run", "rerun", "sync")  # what a parent run groups; its children are "job"s
@@ -62,12 +82,12 @@ MEASURED_KINDS = ("sweep", "run", "rerun")  # parents whose jobs were measured t
 
 def start_parent(uri: str, experiment: str, run_name: str, kind: str, tags: dict[str, str]) -> str:
     assert kind in PARENT_KINDS, kind
-    tags = redact_tree({"harness.kind": kind, **_owner(), **tags})
+    tags = redact_tree({"harness.kind": kind, **owner(), **tags})
     return retry.with_retries(f"opening {run_name}", lambda: client(uri).create_run(
         experiment_id(uri, experiment), run_name=redact(run_name), tags=tags).info.run_id)
 
 
-def _owner() -> dict[str, str]:
+def owner() -> dict[str, str]:
     """Which process holds a RUNNING run, so that a later process can tell it was abandoned."""
     return {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid())}
 
@@ -134,6 +154,8 @@ def get_run(uri: str, run_id: str):
     try:
         return client(uri).get_run(run_id)
     except Exception as err:  # noqa: BLE001 - MLflow raises its own types per store
+        if retry.is_transient(err):
+            raise  # the store is unreachable, which says nothing of the run
         raise StoreError(f"no run {run_id!r} in {redact(uri)} ({type(err).__name__})") from err
 
 
@@ -178,63 +200,10 @@ def load_config(uri: str, run_id: str) -> dict:
     return data
 
 
-def end_run(uri: str, run_id: str, status: str) -> None:
+def end_run(uri: str, run_id: str, status: str, reason: str | None = None) -> None:
+    if reason:
+        client(uri).set_tag(run_id, "failure_reason", redact(reason)[:5000])
     client(uri).set_terminated(run_id, status=status)
-
-
-def log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRecord, job_dir: Path) -> str:
-    """Log one job, retrying while the store is down. Idempotent: a partly logged attempt is removed
-    before the next, so a result becomes exactly one run."""
-    attempts = 0
-
-    def attempt() -> str:
-        nonlocal attempts
-        attempts += 1
-        if attempts > 1 and (partial := find_result(uri, experiment, record.result_id)) is not None:
-            client(uri).delete_run(partial)  # only a failed attempt can have left one
-        return _log_job(uri, experiment, parent_run_id, record, job_dir)
-
-    return retry.with_retries(f"logging {record.label}", attempt)
-
-
-def _log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRecord, job_dir: Path) -> str:
-    """One child run per job: params, tags, metrics, the step series and the artifacts."""
-    c = client(uri)
-    tags = {"harness.kind": "job", **_tags(record)}
-    if parent_run_id:
-        tags[PARENT_TAG] = parent_run_id
-    run_id = c.create_run(experiment_id(uri, experiment), run_name=record.label, tags=tags).info.run_id
-    now = int(time.time() * 1000)
-    params = [Param(k, redact(str(v))) for k, v in flatten(record.config).items()]
-    metrics = [Metric(k, float(v), now, 0) for k, v in record.metrics.items() if v is not None]
-    metrics += [Metric("step_ms", float(v), now, i) for i, v in enumerate(record.step_ms)]
-    for i in range(0, len(params), MAX_BATCH):
-        c.log_batch(run_id, params=params[i:i + MAX_BATCH])
-    for i in range(0, len(metrics), 10 * MAX_BATCH):
-        c.log_batch(run_id, metrics=metrics[i:i + 10 * MAX_BATCH])
-    for name in ("result.json", "steps.csv", "config.yaml", ".hydra/overrides.yaml", "top_kernels.csv",
-                 "trace.json.gz"):
-        if (job_dir / name).is_file():
-            c.log_artifact(run_id, str(job_dir / name))
-    c.set_terminated(run_id, status=record.status)
-    return run_id
-
-
-def _tags(record: JobRecord) -> dict[str, str]:
-    tags = {f"env.{k}": v for k, v in record.environment.items()}
-    tags.update({
-        "overrides": " ".join(record.overrides),
-        "job_dir": record.job_dir,
-        "harness.result_id": record.result_id,
-        "harness.config_hash": record.config_hash,
-    })
-    if record.weights:  # unknown where the job failed before building its model
-        tags.update(weights=record.weights, weights_source=record.weights_source)
-    tags.update(record.tags)
-    tags.update(record.mode_tags)
-    if record.reason:
-        tags["failure_reason"] = record.reason[:5000]
-    return {k: redact(str(v)) for k, v in tags.items()}
 
 
 def ui_command(uri: str) -> str:

@@ -82,6 +82,15 @@ def test_a_local_checkpoint_loads_as_safetensors(tmp_path):
         assert torch.equal(model(prompt).logits, reference(prompt).logits)
 
 
+def test_a_checkpoint_of_another_architecture_is_refused_not_mislabelled(tmp_path):
+    tiny = run_config(*FAST, "device=cpu", "dtype=fp32")
+    models._load(tiny.model, torch.float32, "sdpa", torch.device("cpu"), seed=0)[0].save_pretrained(tmp_path / "ckpt")
+    as_qwen = run_config("device=cpu", f"model.weights={tmp_path / 'ckpt'}")  # model=qwen3-0.6b, 28 layers
+    with pytest.raises(ConfigError, match=r"is not a qwen3-0.6b: vocab_size=1024 \(model=qwen3-0.6b has 151936\)"
+                                          r".*num_hidden_layers=2 \(model=qwen3-0.6b has 28\)"):
+        measure(as_qwen)
+
+
 def test_a_checkpoint_without_safetensors_is_refused(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "pytorch_model.bin").write_bytes(b"pickle data is never loaded")
