@@ -9,8 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 import hydra
 from omegaconf import DictConfig
 
-from harness import app
-from harness.config import ConfigError, check_overrides
+from harness.config import CONF_DIR, ConfigError, check_overrides  # light: no torch before the checks
 
 USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m harness works the same)
        harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each
@@ -22,8 +21,10 @@ The keys, their defaults and meanings are in the README's table (the schema is h
 `harness COMMAND --help` describes a subcommand."""
 
 
-@hydra.main(version_base="1.3", config_path=app.CONF_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _job(cfg: DictConfig) -> None:
+    from harness import app
+
     app.run_job(cfg)
 
 
@@ -38,9 +39,10 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def main() -> None:
-    from harness.cli import COMMANDS
+COMMANDS = ("report", "rerun", "sync", "ui")  # cli.py's subcommands
 
+
+def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] in (["--help"], ["-h"]):
         sys.exit(print(USAGE))
@@ -60,6 +62,8 @@ def main() -> None:
     except KeyboardInterrupt:
         print("[harness] interrupted", file=sys.stderr)
         sys.exit(130)
+    from harness import app
+
     sys.exit(app.exit_status())
 
 

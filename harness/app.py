@@ -24,7 +24,6 @@ from harness.runner import JobContext, close_parent, execute, finish, new_record
 from harness.summary import print_summary
 
 SWEEP_FILE = "sweep.json"
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 _ended: list[JobRecord] | None = None  # the records of the run or sweep that just ended, for the exit status
 
 

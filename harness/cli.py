@@ -13,14 +13,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import results, retry, runlog, tracking
-from harness.config import ConfigError, check_overrides, to_run_config
+from harness.__main__ import COMMANDS
+from harness.config import ConfigError, check_overrides, model_preset, to_run_config
 from harness.progress import say
 from harness.record import JobRecord, exit_code
 from harness.redact import redact
 from harness.runner import JobContext, execute
 from harness.summary import print_summary
 
-COMMANDS = ("rerun", "sync", "ui", "report")
 LOG_DIR = Path.home() / ".cache" / "harness" / "logs"
 
 
@@ -110,6 +110,8 @@ def _store_uri(given: str | None, must_exist: bool) -> str:
 
 
 def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
+    if malformed := [o for o in overrides if "=" not in o.lstrip("=")]:
+        raise ConfigError(f"{malformed[0]!r} is not KEY=VALUE (e.g. decode_tokens=512)")
     check_overrides(overrides)
     source = tracking.get_run(uri, run_id)
     experiment = tracking.experiment_name(uri, source)
@@ -134,11 +136,16 @@ def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
 
 def rerun_config(logged: dict, overrides: list[str]):
     """A logged config is data: it must pass the schema (no unknown keys, so no `_target_`),
-    before and after the overrides; nothing in it is imported or instantiated. A rerun measures
-    again: resume is off, or the run would find itself as its own finished twin."""
+    before and after the overrides; nothing in it is imported or instantiated. `model=NAME` swaps in
+    that preset. A rerun measures again: resume is off, or the run would find itself as its own twin."""
     base = OmegaConf.structured(to_run_config(OmegaConf.create(logged)))
+    changes = [o for o in overrides if not o.startswith("model=")]
     try:
-        changed = OmegaConf.merge(base, OmegaConf.from_dotlist([*overrides, "resume=false"]))
+        for preset in (o.split("=", 1)[1] for o in overrides if o.startswith("model=")):
+            base.model = model_preset(preset)
+        changed = OmegaConf.merge(base, OmegaConf.from_dotlist([*changes, "resume=false"]))
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001 - OmegaConf's own message names the key and the value
         raise ConfigError(str(err).splitlines()[0]) from err
     return OmegaConf.structured(to_run_config(changed))

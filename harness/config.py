@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
+from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -193,7 +194,15 @@ def run_label(flat: Mapping[str, Any]) -> str:
     return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} cache={flat.get('cache_len', '?')} {run_variant(flat)}"
 
 
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 GROUPS = ("model", "experiment")  # config groups a command line may select (`+experiment=` adds one)
+
+
+def model_preset(name: str) -> DictConfig:
+    """A conf/model/ preset by name, as `model=NAME` selects it on a command line."""
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "model").glob("*.yaml"))
+    _require(name in presets, f"model={name} is not a model preset: use one of {', '.join(presets)}")
+    return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml"))
 
 
 def schema_keys(node: type = None, prefix: str = "") -> list[str]:

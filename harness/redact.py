@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s'\"]+@")
+# the scheme's colon may be escaped (`http\://`), as Hydra writes overrides
+_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*\\?://)[^/@\s'\"]+@")
 _SECRET_QUERY = re.compile(
     r"(?i)(?P<key>[?&;][a-z0-9_.-]*(?:token|secret|passw|pwd|key|sig|credential|auth)[a-z0-9_.-]*=)[^&;#\s'\"]+")
 MASK = "***"

@@ -31,7 +31,9 @@ def budget_s() -> float:
 def http_settings() -> dict[str, str]:
     """MLflow's HTTP client settings, so that our budget, not MLflow's 7 retries of 120 s, bounds a call."""
     return {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": f"{timeout_s():g}",
-            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+            # MLflow prints every ended run's URL, credentials and all; the harness prints its own, redacted
+            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
 
 def is_transient(err: BaseException) -> bool:

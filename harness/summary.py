@@ -73,15 +73,15 @@ def _short(text: str, width: int = 60) -> str:
 def print_summary(results: list[JobRecord], title: str, ui_hint: str, wall_s: float | None = None) -> None:
     # a terminal's own width; into a pipe or file, lines as long as their content (up to 160), never padded
     console = Console(width=None if sys.stdout.isatty() else 160)
-    console.print(title, markup=False, highlight=False, soft_wrap=True)
+    line = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    line(title)
     with console.capture() as captured:
         console.print(table(results))
-    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
+    print("\n".join(row.rstrip() for row in captured.get().splitlines()))
     for r in results:
         if not r.ok:
-            console.print(f"{r.status}: {r.label}: {r.reason}", markup=False, highlight=False, soft_wrap=True)
+            line(f"{r.status}: {r.label}: {r.reason}")
     count = lambda *s: sum(r.status in s for r in results)  # noqa: E731
-    console.print(time_breakdown(results, wall_s), markup=False, highlight=False)
+    line(time_breakdown(results, wall_s))
     skipped = f", {count('SKIPPED')} skipped (resume)" if count("SKIPPED") else ""
-    console.print(f"{count('FINISHED')} finished, {sum(not r.ok for r in results)} failed{skipped}. "
-                  f"Browse: {ui_hint}", markup=False, highlight=False)
+    line(f"{count('FINISHED')} finished, {sum(not r.ok for r in results)} failed{skipped}. Browse: {ui_hint}")

@@ -45,10 +45,11 @@ def _artifact_root(uri: str) -> str | None:
 def client(uri: str) -> MlflowClient:
     for var, value in retry.http_settings().items():  # read by MLflow at each request; a user's own value wins
         os.environ.setdefault(var, value)
-    c = MlflowClient(tracking_uri=uri)
-    if uri.startswith("sqlite:///"):  # sweeps started together must not create the tables twice
-        with _file_lock(Path(uri[len("sqlite:///"):]).with_suffix(".init-lock")):
-            c.search_experiments(max_results=1)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    with _file_lock(Path(uri[len("sqlite:///"):]).with_suffix(".init-lock")):  # sweeps started together
+        c = MlflowClient(tracking_uri=uri)  # must not create (or migrate) the tables at the same time
+        c.search_experiments(max_results=1)
     return c
 
 

@@ -17,10 +17,13 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from harness.app import CONF_DIR
+from harness.config import CONF_DIR
 from harness.config import RunConfig, to_run_config
 
 REPO = Path(__file__).resolve().parents[1]
+# The tree whose CLI the subprocess tests run: this one, or another checkout (to show a regression test
+# failing on older code: HARNESS_REPO_UNDER_TEST=/path/to/old/checkout python -m pytest ...)
+CLI_REPO = Path(os.environ.get("HARNESS_REPO_UNDER_TEST", REPO))
 FAST = ["model=tiny", "decode_tokens=8", "warmup=2", "prompt_len=8", "cache_len=64"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # A store that is down costs a test seconds, not the default retry budget
@@ -39,7 +42,7 @@ def run_config(*overrides: str) -> RunConfig:
 
 def harness_env(env: dict | None = None) -> dict:
     full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    full_env.update(PYTHONPATH=str(REPO), **(env or {}))
+    full_env.update(PYTHONPATH=str(CLI_REPO), **(env or {}))
     return full_env
 
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from harness.app import CONF_DIR
+from harness.config import CONF_DIR
 from harness.config import ConfigError, RunConfig, to_run_config
 from tests.support import REPO, compose_cfg, run_config
 

@@ -166,3 +166,10 @@ def test_tuning_switches_set_in_the_environment_are_recorded(monkeypatch):
     result = measure(run_config(*FAST, "device=cpu"))
     assert result.environment["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
     assert "HARNESS_UNRELATED" not in result.environment
+
+
+def test_profiling_on_the_cpu_says_it_was_skipped():
+    phases = []
+    result = measure(run_config(*FAST, "device=cpu", "profile=true"), on_phase=phases.append)
+    assert result.mode_tags["profile"].startswith("skipped: the profiler pass times CUDA kernels")
+    assert any(p.startswith("profile skipped") for p in phases) and "kernels_per_step" not in result.metrics

@@ -149,6 +149,8 @@ def test_no_environment_value_is_logged(workdir):
 def test_credentials_in_a_tracking_uri_are_redacted():
     assert redact("https://user:tok3n@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
     assert redact("sqlite:////tmp/mlruns/mlflow.db") == "sqlite:////tmp/mlruns/mlflow.db"
+    assert redact("tracking.uri=http://a:b@h:1/p?x=1&access_token=abc&sig=d#f") == "tracking.uri=http://h:1/p?x=1&access_token=***&sig=***#f"
+    assert redact("bs=4 mode=graphed") == "bs=4 mode=graphed"
 
 
 def test_harness_ui_serves_the_store_on_loopback_only(workdir):
