@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness import results, tracking
-from harness.config import run_label
+from harness.labels import run_label
 from harness.progress import say
 from harness.record import JobRecord, exit_code, flatten
 from harness.redact import redact, redact_files

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from harness import tracking  # noqa: E402
-from harness.config import run_variant  # noqa: E402
+from harness.labels import run_variant  # noqa: E402
 from harness.modes import MODES  # noqa: E402
 from harness.summary import speedups  # noqa: E402
 

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.config import run_variant
+from harness.labels import run_variant
 from harness.record import JobRecord, flatten
 
 

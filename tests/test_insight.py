@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import tracking
-from harness.config import run_variant
+from harness.labels import run_variant
 from harness.report import table_markdown
 from harness.roofline import floor, kv_read_factor, step_cost
 from harness.summary import speedups

@@ -1,0 +1,26 @@
+"""A run's name from its config: one function for every place that shows runs (labels, tables, reports)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# The keys that name a run's variant, dotted as in a run's MLflow params
+VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
+LABEL_KEYS = ("model.name", "bs", "cache_len", *VARIANT_KEYS)
+_UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
+
+
+def run_variant(flat: Mapping[str, Any]) -> str:
+    """The mode and any option that changes what a step runs, e.g. `compiled max-autotune fused sdpa-gqa`,
+    from a config's VARIANT_KEYS: MLflow params, a flattened result config, or values read from a config."""
+    mode, steps, fused, attn, compile_mode = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
+    extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
+              compile_mode if compile_mode not in _UNSET else "",
+              "fused" if fused.lower() == "true" else "",
+              attn if attn not in (*_UNSET, "sdpa") else ""]
+    return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras)])
+
+
+def run_label(flat: Mapping[str, Any]) -> str:
+    """The one run name, e.g. `qwen3-0.6b bs=4 cache=1024 graphed`, from dotted keys (LABEL_KEYS):
+    a RunConfig's, a flattened config's, or a run's MLflow params; a missing key reads `?`."""
+    return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} cache={flat.get('cache_len', '?')} {run_variant(flat)}"
