@@ -41,7 +41,7 @@ def profile_steps(stepper, steps: int, out_dir: Path | None) -> dict[str, float]
         "kernels_per_step": per_token,
         "gpu_busy_ms_per_step": busy_ms / tokens,
         "profiled_wall_ms_per_step": wall_ms / tokens,
-        "gpu_idle_fraction": max(0.0, 1.0 - busy_ms / wall_ms),
+        "profiled_gpu_idle_fraction": max(0.0, 1.0 - busy_ms / wall_ms),
         "mean_kernel_us": busy_ms * 1e3 / len(kernels) if kernels else 0.0,
     }
 

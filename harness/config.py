@@ -102,6 +102,7 @@ class RunConfig:
     mode: str = "eager"  # a name in harness.modes.MODES
     prompt_len: int = 16
     decode_tokens: int = 128
+    repeats: int = 3  # timed blocks of decode_tokens, each after a fresh prefill and warm-up
     warmup: int = 10
     dtype: DType = DType.bf16
     attn: Attn = Attn.sdpa
@@ -121,6 +122,7 @@ class RunConfig:
         _require(self.prompt_len >= 1, f"prompt_len={self.prompt_len} is invalid: it must be >= 1")
         _require(self.decode_tokens >= 2,
                  f"decode_tokens={self.decode_tokens} is invalid: it must be >= 2 (statistics need two steps)")
+        _require(self.repeats >= 1, f"repeats={self.repeats} is invalid: it must be >= 1 (timed blocks per job)")
         _require(self.profile_steps >= 1, f"profile_steps={self.profile_steps} is invalid: it must be >= 1")
         _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
         self._check_graph_options()

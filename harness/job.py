@@ -20,8 +20,10 @@ from harness.modes import spec
 from harness.modes.base import DecodeMode, Stepper
 from harness.record import Measurement
 from harness.roofline import ceilings, floor, step_cost
-from harness.timing import MiB, decode_metrics, run_steps, stopwatch, timed_decode
-from harness.verify import VERIFY_TOKENS, verify_tokens
+from harness import mutations
+from harness.stats import NOISY_PCT, decode_metrics, is_noisy
+from harness.timing import MiB, run_steps, stopwatch, timed_decode
+from harness.verify import verify
 
 
 class JobError(RuntimeError):
@@ -74,10 +76,10 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     prompt = seeded_prompt(cfg.bs, cfg.prompt_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
     stepper = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
-    on_phase("decode")
-    with nvtx_range("decode", device.type == "cuda"):
-        timing = timed_decode(stepper, cfg.decode_tokens, device)
-    metrics = {**decode_metrics(timing, cfg.bs), **phases, **_peaks(device), **stepper.metrics}
+    blocks = _timed_blocks(cfg, stepper, prompt, device, on_phase)
+    metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics}
+    if is_noisy(metrics):
+        stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
     arch = _architecture(model)
     metrics.update(_speed_of_light(arch, cfg, device, metrics["step_ms_median"], stepper.tags))
     if cfg.profile and device.type == "cuda":
@@ -86,20 +88,39 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     elif cfg.profile:
         stepper.tags["profile"] = "skipped: the profiler pass times CUDA kernels, and this job ran on the CPU"
         on_phase(f"profile {stepper.tags['profile']}")
-    result = Measurement(metrics, timing.step_ms, timing.clock, loaded.weights, loaded.source, loaded.reused,
-                         stepper.tags, arch, environment_tags(device))
-    if mode.verify_against_eager:
-        on_phase("verify")
-        result.failure = _verify(model, prompt, stepper, mode, cfg, device, metrics)
-    return result
+    on_phase("verify")
+    with stopwatch(device, metrics, "verify_ms"):
+        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.stack([b.tokens for b in blocks]))
+    metrics.update(checks)
+    return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
+                       loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
+
+
+def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> list:
+    """`repeats` timed blocks, each after a fresh prefill and warm-up (the first's were done before)."""
+    blocks = []
+    for i in range(cfg.repeats):
+        if i:
+            stepper.restart(prompt)
+            run_steps(stepper, cfg.warmup)
+        on_phase(f"decode (block {i + 1}/{cfg.repeats})" if cfg.repeats > 1 else "decode")
+        with nvtx_range("decode", device.type == "cuda"):
+            blocks.append(timed_decode(stepper, cfg.decode_tokens, device))
+    return blocks
 
 
 def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict) -> Stepper:
     """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up."""
     cuda = device.type == "cuda"
     on_phase(mode.prepare_phase)
+    mutation = mutations.requested()
     with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
-        stepper = mode.prepare(model, prompt, cfg)  # prefills first: the cache lives outside any graph pool
+        if mutation:  # a test's fault, active in the capture too
+            with mutations.patched(model, mutation):
+                stepper = mutations.MutatedStepper(mode.prepare(model, prompt, cfg), mutation)
+            stepper.tags["mutation"] = mutation
+        else:
+            stepper = mode.prepare(model, prompt, cfg)  # prefills first: the cache lives outside any graph pool
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
     on_phase("prefill")
     with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
@@ -108,20 +129,6 @@ def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phas
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         run_steps(stepper, cfg.warmup)
     return stepper
-
-
-def _verify(model, prompt, stepper: Stepper, mode: DecodeMode, cfg: RunConfig, device, metrics: dict) -> str | None:
-    """Check the mode's tokens against eager's; the failure reason, or None when they agree."""
-    with stopwatch(device, metrics, "verify_ms"):
-        check = verify_tokens(model, prompt, stepper, cfg.cache_len, min(VERIFY_TOKENS, cfg.decode_tokens),
-                              exact=mode.exact)
-    metrics.update(tokens_match=float(check["match"]), token_agreement=check["token_agreement"],
-                   max_logit_diff=check["max_logit_diff"])
-    if check["match"]:
-        return None
-    how = "" if mode.exact else " beyond rounding (eager's tokens fed)"
-    return (f"{mode.name} tokens differ from eager's{how} at step {check['first_mismatch']} "
-            f"(max |logit diff| {check['max_logit_diff']:.4g})")
 
 
 def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float,

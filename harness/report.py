@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from harness import tracking  # noqa: E402
 from harness.labels import run_variant  # noqa: E402
 from harness.modes import MODES  # noqa: E402
-from harness.summary import speedups  # noqa: E402
+from harness.summary import speedup_intervals, speedup_text, speedups  # noqa: E402
 
 
 def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list[dict]]:
@@ -35,7 +35,8 @@ def _row(run, note: str) -> dict:
         "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
         "variant": run_variant(p),
         "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")), "dtype": p.get("dtype"),
-        "median_ms": m.get("step_ms_median"),
+        "median_ms": m.get("step_ms_median"), "ci_low": m.get("step_ms_ci_low"), "ci_high": m.get("step_ms_ci_high"),
+        "ci_pct": m.get("step_ms_ci_pct"), "noisy": "noisy" in t,
         "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),
         "reason": t.get("failure_reason", ""),
     }
@@ -53,26 +54,27 @@ def table_markdown(rows: list[dict]) -> str:
     cells: median ms/step, speedup over eager, efficiency."""
     if not rows:
         return "(no job runs in this sweep)"
-    speedup = speedups(rows)
+    speedup, interval = speedups(rows), speedup_intervals(rows)
     known = list(MODES)
     order = lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v)  # noqa: E731
     modes = sorted({r["variant"] for r in rows}, key=order)
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     for r in rows:
         key = (r["model"], r["cache_len"], r["bs"])
-        cells[key][r["variant"]] = _cell(r, speedup.get(r["id"]))
+        cells[key][r["variant"]] = _cell(r, speedup_text(speedup.get(r["id"]), interval.get(r["id"])))
     lines = ["| model | cache_len | bs | " + " | ".join(modes) + " |", "|---|---:|---:|" + "---|" * len(modes)]
     for key in sorted(cells, key=lambda k: (k[0], k[1] or 0, k[2] or 0)):
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
     return "\n".join(lines)
 
 
-def _cell(row: dict, speedup: float | None) -> str:
+def _cell(row: dict, speedup: str) -> str:
     if row["status"] != "FINISHED":
         return f"{row['status']}: {row['reason'][:80]}"
-    parts = [f"{row['median_ms']:.3f} ms"]
-    if speedup is not None:
-        parts.append(f"{speedup:.2f}x")
+    spread = f" ±{row['ci_pct']:.1f}%" if row.get("ci_pct") is not None else ""
+    parts = [f"{row['median_ms']:.3f} ms{spread}" + (" noisy" if row.get("noisy") else "")]
+    if speedup != "-":
+        parts.append(speedup)
     if row["efficiency"] is not None:
         parts.append(f"eff {100 * row['efficiency']:.1f}%")
     return ", ".join(parts)

@@ -11,17 +11,47 @@ from harness.labels import run_variant
 from harness.record import JobRecord, flatten
 
 
-def speedups(rows: list[dict]) -> dict[str, float]:
-    """id -> eager's median / this run's, for runs with an eager twin (same model, cache_len, bs,
-    prompt_len, dtype). Where a sweep holds several eager variants (fused, another attn), the plain
-    one is the baseline. Rows: {id, status, mode, variant, model, cache_len, bs, prompt_len, dtype, median_ms}."""
+def eager_twins(rows: list[dict]) -> dict[str, dict]:
+    """id -> the eager run of the same model, cache_len, bs, prompt_len and dtype, for finished runs that
+    have one. Where a sweep holds several eager variants (fused, another attn), the plain one is the
+    baseline. Rows: {id, status, mode, variant, model, cache_len, bs, prompt_len, dtype, median_ms}."""
     twin = lambda r: (r["model"], r["cache_len"], r["bs"], r["prompt_len"], r.get("dtype"))  # noqa: E731
     done = [r for r in rows if r["status"] == "FINISHED" and r["median_ms"]]
     eager: dict[tuple, dict] = {}
     for r in (r for r in done if r["mode"] == "eager"):
         if twin(r) not in eager or r.get("variant", "eager") == "eager":
             eager[twin(r)] = r
-    return {r["id"]: eager[twin(r)]["median_ms"] / r["median_ms"] for r in done if twin(r) in eager}
+    return {r["id"]: eager[twin(r)] for r in done if twin(r) in eager}
+
+
+def speedups(rows: list[dict]) -> dict[str, float]:
+    """id -> eager's median / this run's."""
+    by_id = {r["id"]: r for r in rows}
+    return {i: e["median_ms"] / by_id[i]["median_ms"] for i, e in eager_twins(rows).items()}
+
+
+def speedup_intervals(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """id -> a conservative 95% interval of the speedup: the ends of eager's median interval over the
+    opposite ends of this run's (rows with `ci_low` and `ci_high`)."""
+    by_id = {r["id"]: r for r in rows}
+    return {i: (e["ci_low"] / by_id[i]["ci_high"], e["ci_high"] / by_id[i]["ci_low"])
+            for i, e in eager_twins(rows).items()
+            if all(x.get(k) for x in (e, by_id[i]) for k in ("ci_low", "ci_high"))}
+
+
+def speedup_text(speedup: float | None, interval: tuple[float, float] | None) -> str:
+    if speedup is None:
+        return "-"
+    return f"{speedup:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+
+
+def median_text(metrics: dict, noisy: bool) -> str:
+    if "step_ms_median" not in metrics:
+        return "-"
+    text = f"{metrics['step_ms_median']:.3f}"
+    if "step_ms_ci_pct" in metrics:
+        text += f" ±{metrics['step_ms_ci_pct']:.1f}%"
+    return text + (" noisy" if noisy else "")
 
 
 def row(record: JobRecord) -> dict:
@@ -32,13 +62,15 @@ def row(record: JobRecord) -> dict:
             "variant": run_variant(flatten(c)),
             "model": model.get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
             "prompt_len": c.get("prompt_len"), "dtype": c.get("dtype"),
-            "median_ms": record.metrics.get("step_ms_median")}
+            "median_ms": record.metrics.get("step_ms_median"),
+            "ci_low": record.metrics.get("step_ms_ci_low"), "ci_high": record.metrics.get("step_ms_ci_high")}
 
 
 def table(results: list[JobRecord]) -> Table:
-    speedup = speedups([row(r) for r in results])
+    rows = [row(r) for r in results]
+    speedup, interval = speedups(rows), speedup_intervals(rows)
     t = Table()
-    for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median)", "right"),
+    for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median, 95% CI)", "right"),
                           ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"),
                           ("reason", "left")):
         t.add_column(name, justify=justify, overflow="fold")
@@ -46,10 +78,10 @@ def table(results: list[JobRecord]) -> Table:
         m = r.metrics
         t.add_row(*map(Text, (
             "-" if r.job_num is None else str(r.job_num), r.label, r.status,
-            f"{m['step_ms_median']:.3f}" if "step_ms_median" in m else "-",
+            median_text(m, "noisy" in r.mode_tags),
             f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
             f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
-            f"{speedup[r.result_id]:.2f}x" if r.result_id in speedup else "-",
+            speedup_text(speedup.get(r.result_id), interval.get(r.result_id)),
             "" if r.status == "FINISHED" else _short(r.reason or ""),
         )))
     return t

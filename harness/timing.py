@@ -1,4 +1,4 @@
-"""The timed decode loop and its statistics: the only place the harness takes time.
+"""The timed decode loop: the only place the harness takes time (statistics are in stats.py).
 
 On CUDA every step's forward is bracketed by a pair of CUDA events recorded on the stream,
 and the whole loop by the host clock; the host waits for the GPU once, after the last step.
@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -24,13 +23,18 @@ MiB = 1024 * 1024
 
 @dataclass
 class DecodeTiming:
-    step_ms: list[float]  # per-token forward time: CUDA events on GPU, host clock on CPU
+    """One timed block. A call decodes `tokens_per_call` tokens (a replay of K steps is one call), and
+    gives one sample: its time divided by K, so that a K-step graph's samples are not copied K times."""
+
+    step_ms: list[float]  # per-token time of each call: CUDA events on GPU, host clock on CPU
     wall_ms: float  # the whole loop on the host clock, argmax and feeding included
     clock: str  # "cuda_event" | "host"
+    tokens_per_call: int
+    tokens: torch.Tensor  # [calls * tokens_per_call, bs]: what the loop decoded, kept on the device
 
     @property
-    def tokens(self) -> int:
-        return len(self.step_ms)
+    def n_tokens(self) -> int:
+        return len(self.step_ms) * self.tokens_per_call
 
 
 def feed_argmax(stepper: Stepper, logits: torch.Tensor) -> None:
@@ -56,30 +60,35 @@ def run_steps(stepper: Stepper, tokens: int) -> None:
 
 
 def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeTiming:
-    calls, per_call = calls_for(stepper, tokens), stepper.tokens_per_step
-    call_ms, wall_ms, clock = (_timed_cuda if device.type == "cuda" else _timed_host)(stepper, calls)
-    step_ms = [ms / per_call for ms in call_ms for _ in range(per_call)]  # a K-step call: K tokens
-    return DecodeTiming(step_ms, wall_ms, clock)
+    calls, k = calls_for(stepper, tokens), stepper.tokens_per_step
+    produced = torch.empty(calls * k, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
+    done = iter(range(calls))
 
-
-def _timed_cuda(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
-    feed = None if stepper.feeds_itself else (lambda logits: feed_argmax(stepper, logits))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    call_ms = cuda_event_ms(stepper.step, calls, after=feed)  # the loop's one and only sync is at its end
-    return call_ms, (time.perf_counter() - t0) * 1e3, "cuda_event"
-
-
-def _timed_host(stepper: Stepper, calls: int) -> tuple[list[float], float, str]:
-    call_ms = []
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        s = time.perf_counter()
-        logits = stepper.step()
-        call_ms.append((time.perf_counter() - s) * 1e3)
+    def after(logits) -> None:  # between calls, outside the events: feed, and keep the tokens (no sync)
         if not stepper.feeds_itself:
             feed_argmax(stepper, logits)
-    return call_ms, (time.perf_counter() - t0) * 1e3, "host"
+        i = next(done)
+        produced[i * k:(i + 1) * k].copy_(stepper.tokens)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call_ms, clock = cuda_event_ms(stepper.step, calls, after), "cuda_event"  # its one sync is at its end
+    else:
+        t0 = time.perf_counter()
+        call_ms, clock = _host_ms(stepper.step, calls, after), "host"
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    return DecodeTiming([ms / k for ms in call_ms], wall_ms, clock, k, produced)
+
+
+def _host_ms(fn: Callable[[], object], calls: int, after: Callable[[object], None]) -> list[float]:
+    call_ms = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        out = fn()
+        call_ms.append((time.perf_counter() - start) * 1e3)
+        after(out)
+    return call_ms
 
 
 def cuda_event_ms(fn: Callable[[], object], calls: int, after: Callable[[object], None] | None = None) -> list[float]:
@@ -100,37 +109,6 @@ def cuda_event_ms(fn: Callable[[], object], calls: int, after: Callable[[object]
 def median_call_ms(fn: Callable[[], object], calls: int) -> float:
     """Median CUDA-event time of `calls` back-to-back calls of fn (a side measurement, not the run's)."""
     return statistics.median(cuda_event_ms(fn, calls))
-
-
-def step_stats(step_ms: list[float]) -> dict[str, float]:
-    arr = np.asarray(step_ms, dtype=np.float64)
-    mean = float(arr.mean())
-    stdev = statistics.stdev(step_ms) if len(step_ms) > 1 else 0.0
-    return {
-        "mean": mean,
-        "median": float(np.median(arr)),
-        "p90": float(np.percentile(arr, 90)),
-        "p99": float(np.percentile(arr, 99)),
-        "min": float(arr.min()),
-        "max": float(arr.max()),
-        "stdev": stdev,
-        "cv": stdev / mean if mean > 0 else 0.0,
-    }
-
-
-def decode_metrics(timing: DecodeTiming, bs: int) -> dict[str, float]:
-    """Everything derived from one timed loop, as flat metric names."""
-    stats = step_stats(timing.step_ms)
-    wall_per_token = timing.wall_ms / timing.tokens
-    metrics = {f"step_ms_{k}": v for k, v in stats.items()}
-    metrics.update(
-        wall_ms_per_token=wall_per_token,
-        tokens_per_s=bs * 1000.0 / stats["median"],
-        tokens_per_s_wall=bs * 1000.0 / wall_per_token,
-        cpu_overhead_ms_per_token=wall_per_token - sum(timing.step_ms) / timing.tokens,
-        decode_wall_ms=timing.wall_ms,
-    )
-    return metrics
 
 
 @contextmanager

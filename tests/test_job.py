@@ -8,10 +8,11 @@ from transformers import StaticCache
 from harness import models
 from harness.config import ConfigError
 from harness.job import JobError, measure, seeded_prompt
-from harness.verify import verify_tokens
+from harness.timing import run_steps, timed_decode
+from harness.verify import INEXACT_BOUND, verify
 from harness.modes.base import prefill
 from harness.modes.eager import EagerStepper
-from harness.timing import step_stats
+from harness.stats import step_stats
 from tests.support import FAST, run_config
 
 
@@ -118,35 +119,74 @@ class BiasedStepper(EagerStepper):
         return logits
 
 
-def test_verification_catches_a_mode_whose_tokens_differ():
+def _timed_tokens(stepper, cfg):
+    run_steps(stepper, cfg.warmup)
+    return torch.stack([timed_decode(stepper, cfg.decode_tokens, torch.device("cpu")).tokens])
+
+
+def test_verification_catches_a_mode_whose_logits_differ():
     cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32")
     model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
     prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
     with torch.inference_mode():
-        same = verify_tokens(model, prompt, EagerStepper(model, prompt, 64), 64, 8)
-        broken = verify_tokens(model, prompt, BiasedStepper(model, prompt, 64), 64, 8)
-    assert same == {"match": True, "token_agreement": 1.0, "first_mismatch": None, "max_logit_diff": 0.0}
-    assert not broken["match"] and broken["first_mismatch"] == 0 and broken["max_logit_diff"] >= 1e4 - 1
-    with torch.inference_mode():  # fed eager's tokens, the broken mode still fails: its flips are no near-ties
-        forced = verify_tokens(model, prompt, BiasedStepper(model, prompt, 64), 64, 8, exact=False)
-    assert not forced["match"] and forced["token_agreement"] < 0.5
+        plain = EagerStepper(model, prompt, 64)
+        same, ok = verify(model, prompt, plain, cfg, True, _timed_tokens(plain, cfg))
+        biased = BiasedStepper(model, prompt, 64)
+        broken, why = verify(model, prompt, biased, cfg, True, _timed_tokens(biased, cfg))
+    assert ok is None and same["max_logit_diff"] == 0.0 and same["tokens_match"] == 1.0
+    assert same["timed_tokens_checked"] == 8 and same["verified"] == 1.0
+    assert why.startswith("logits differ from eager's (same kernels, 2 rows) at decode step 0: max |diff| 1e+04")
+    assert broken["verified"] == 0.0
 
 
 class NoisyStepper(EagerStepper):
-    """An inexact mode: eager plus rounding-sized noise, which can only flip near ties."""
+    """An inexact mode: eager plus noise of a given size on every logit."""
+
+    noise = 0.0
 
     def step(self):
         logits = super().step()
-        return logits + 1e-3 * torch.randn_like(logits)
+        return logits + self.noise * torch.randn_like(logits.float()).to(logits.dtype)
 
 
-def test_an_inexact_mode_passes_when_it_differs_only_by_rounding():
-    cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=fp32")
-    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+@pytest.mark.parametrize("noise, passes", [(1e-3, True), (0.5, False)])
+def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, passes):
+    cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
+    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
     prompt = seeded_prompt(4, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    stepper = NoisyStepper(model, prompt, 64)
+    stepper.noise = noise
     with torch.inference_mode():
-        check = verify_tokens(model, prompt, NoisyStepper(model, prompt, 64), 64, 8, exact=False)
-    assert check["match"] and 0 < check["max_logit_diff"] < 1e-2
+        checks, why = verify(model, prompt, stepper, cfg, False, torch.empty(0))
+    assert 0 < checks["eager_fp32_max_logit_err"] < 0.1  # bf16 eager's own rounding against fp32
+    assert checks["fp32_err_bound"] == pytest.approx(INEXACT_BOUND * checks["eager_fp32_max_logit_err"])
+    assert (why is None) == passes, why
+    if not passes:
+        assert why.startswith("logit error against fp32 ")
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("kv_lost", "logits differ from eager's"),
+    ("rope_off_by_one", "logits differ from eager's (same kernels, 2 rows) at decode step 0"),
+    ("layer_skipped", "logits differ from eager's (same kernels, 2 rows) at decode step 0"),
+    ("newest_masked", "logits differ from eager's (same kernels, 2 rows) at decode step 0"),
+    ("stale_token", "logits differ from eager's"),
+])
+def test_every_injected_mutation_fails_the_run_naming_what_differed(monkeypatch, kind, says):
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
+    # untied embeddings: with tied random weights greedy decode repeats its input token, and a stale
+    # token would be the right one
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false"))
+    assert result.failure is not None and result.failure.startswith(says), result.failure
+    assert result.mode_tags["mutation"] == kind and result.metrics["verified"] == 0.0
+
+
+def test_an_unmutated_run_verifies_every_block():
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "repeats=3"))
+    m = result.metrics
+    assert result.failure is None and m["verified"] == 1.0 and m["tokens_match"] == 1.0
+    assert len(result.step_ms) == 3 * 8 and m["repeats"] == 3.0
+    assert m["step_ms_ci_low"] <= m["step_ms_median"] <= m["step_ms_ci_high"]
 
 
 def test_the_physical_gpu_is_found_through_cuda_visible_devices(monkeypatch):

@@ -11,7 +11,6 @@ class EagerMode(DecodeMode):
     """Call the model at every step: one kernel launch per op, from Python."""
 
     name = "eager"
-    verify_against_eager = False
     prepare_phase = "prepare"
 
     def prepare(self, model, prompt, cfg):

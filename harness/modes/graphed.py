@@ -28,9 +28,11 @@ def warm_up_on_side_stream(fn, steps: int = SIDE_STREAM_WARMUP) -> None:
 
 def capture(fn, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, int]:
     """Capture fn into a graph; returns the graph, fn's output (a static buffer) and the bytes the
-    capture added to the reserved memory (the graph's own pool, or its growth of a shared one)."""
+    capture added to the reserved memory (the graph's own pool, or its growth of a shared one). The
+    capture runs on the warm-up stream, whose cuBLAS workspace the warm-up already allocated: so the
+    bytes are the graph's alone, not a workspace that every job's first capture would otherwise pay."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=side_stream(torch.cuda.current_device())):
         before = torch.cuda.memory_reserved()  # read inside: entering the capture empties the cache first
         out = fn()
     return graph, out, torch.cuda.memory_reserved() - before

@@ -1,0 +1,94 @@
+"""Test-only faults in the decode under test, to prove the verification catches subtle bugs.
+
+HARNESS_INJECT_MUTATION=KIND wraps the mode's stepper (never the reference it is checked against) so that
+every call it makes, its capture included, runs with the fault. It is a test hook, not a config key:
+nothing a user sweeps can turn it on, and a run made with it says so in its tags.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token")
+
+
+def requested() -> str | None:
+    kind = os.environ.get("HARNESS_INJECT_MUTATION") or None
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"HARNESS_INJECT_MUTATION={kind} is not one of {', '.join(KINDS)}")
+    return kind
+
+
+@contextmanager
+def patched(model, kind: str):
+    """The model's forward with the fault, for the duration (the stepper-level faults patch nothing)."""
+    if kind == "rope_off_by_one":
+        rotary = model.model.rotary_emb
+        forward = rotary.forward
+        rotary.forward = lambda x, position_ids, *a, **kw: forward(x, position_ids + 1, *a, **kw)
+        with _restoring(lambda: delattr(rotary, "forward")):
+            yield
+    elif kind == "layer_skipped":
+        layer = model.model.layers[-1]
+        layer.forward = lambda hidden_states, *a, **kw: hidden_states
+        with _restoring(lambda: delattr(layer, "forward")):
+            yield
+    elif kind == "newest_masked":
+        name = model.config._attn_implementation
+        attend = ALL_ATTENTION_FUNCTIONS[name]
+        ALL_ATTENTION_FUNCTIONS[name] = lambda m, q, k, v, mask, **kw: attend(m, q, k, v, _without_newest(mask), **kw)
+        with _restoring(lambda: ALL_ATTENTION_FUNCTIONS._local_mapping.pop(name, None)):
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def _restoring(undo):
+    try:
+        yield
+    finally:
+        undo()
+
+
+def _without_newest(mask):
+    """A decode step's boolean mask [bs, 1, 1, slots] with its last attended slot (the new token) off."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[-2] != 1:
+        return mask
+    newest = mask.shape[-1] - 1 - mask.flip(-1).int().argmax(dim=-1, keepdim=True)
+    return mask.scatter(-1, newest, False)
+
+
+class MutatedStepper:
+    """A mode's stepper with a fault: every call through it runs under `patched`, and the stepper-level
+    faults (K/V writes lost, one stale input token) act around its steps."""
+
+    def __init__(self, inner, kind: str):
+        self.inner, self.kind, self.calls = inner, kind, 0
+        self.kv_snapshot: list[torch.Tensor] | None = None
+
+    def __getattr__(self, name):  # bs, input_ids, tokens, metrics, tags, ... are the inner stepper's
+        return getattr(self.inner, name)
+
+    def restart(self, prompt):
+        with patched(self.inner.model, self.kind):
+            self.inner.restart(prompt)
+        self.calls = 0
+        if self.kind == "kv_lost":  # what a graph writing into a private copy of the cache would leave
+            self.kv_snapshot = [t.clone() for layer in self.inner.cache.layers for t in (layer.keys, layer.values)]
+
+    def step(self):
+        self.calls += 1
+        if self.kind == "stale_token" and self.calls == 2:  # the second step reads the first step's input
+            self.inner.input_ids.copy_(self._previous)
+        self._previous = self.inner.input_ids.clone()
+        with patched(self.inner.model, self.kind):
+            out = self.inner.step()
+        if self.kv_snapshot is not None:
+            live = [t for layer in self.inner.cache.layers for t in (layer.keys, layer.values)]
+            for dst, src in zip(live, self.kv_snapshot):
+                dst.copy_(src)
+        return out
