@@ -75,7 +75,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     model = loaded.model
     prompt = seeded_prompt(cfg.bs, cfg.prompt_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
-    stepper = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
+    stepper, warm_tokens = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
     blocks = _timed_blocks(cfg, stepper, prompt, device, on_phase)
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics}
     if is_noisy(metrics):
@@ -90,7 +90,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         on_phase(f"profile {stepper.tags['profile']}")
     on_phase("verify")
     with stopwatch(device, metrics, "verify_ms"):
-        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.stack([b.tokens for b in blocks]))
+        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]))
     metrics.update(checks)
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
@@ -109,8 +109,9 @@ def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> list:
     return blocks
 
 
-def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict) -> Stepper:
-    """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up."""
+def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
+    """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up. Returns the
+    stepper and the tokens its warm-up decoded."""
     cuda = device.type == "cuda"
     on_phase(mode.prepare_phase)
     mutation = mutations.requested()
@@ -127,8 +128,8 @@ def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phas
         stepper.restart(prompt)
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
-        run_steps(stepper, cfg.warmup)
-    return stepper
+        warm_tokens = run_steps(stepper, cfg.warmup)
+    return stepper, warm_tokens
 
 
 def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float,

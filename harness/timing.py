@@ -54,9 +54,13 @@ def calls_for(stepper: Stepper, tokens: int) -> int:
     return math.ceil(tokens / stepper.tokens_per_step)
 
 
-def run_steps(stepper: Stepper, tokens: int) -> None:
+def run_steps(stepper: Stepper, tokens: int) -> torch.Tensor:
+    """Untimed greedy steps (warm-up); returns the tokens they decoded, [steps, bs], on the device."""
+    decoded = []
     for _ in range(calls_for(stepper, tokens)):
         advance(stepper)
+        decoded.append(stepper.tokens.clone())
+    return torch.cat(decoded)
 
 
 def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeTiming:

@@ -1,9 +1,11 @@
 """A run proves its decode against the computation it claims to equal, after its timed loop.
 
-- Exact modes (eager, graphed, bucketed) run eager's own kernels. Against a plain eager stepper with the
-  same rows (a bucket's padding rows included), every logit of every row must be equal at every verified
-  step, and the timed loop's own tokens (kept on the device) must equal the reference's free-running
-  tokens at the same positions. A bucketed run's agreement with the unpadded batch is logged beside it.
+- Exact modes (eager, graphed, bucketed) run eager's own kernels. In lockstep with plain eager steppers of
+  the same rows (a bucket's padding rows included), every logit of every row must equal eager's, as far
+  as eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
+  1024-slot cache is not, from about the 50th step). The loop's own tokens (warm-up and first timed block,
+  kept on the device) must each be eager's choice given the same history, or a tie within TIE_TOLERANCE.
+  A bucketed run's agreement with the unpadded batch is logged beside it.
 - Inexact modes (Inductor's kernels) and attention backends other than `sdpa` round differently. They are
   judged teacher-forced against an fp32 eager decode of the same model (sdpa attention) and prompt: their
   largest logit error against fp32 may be at most INEXACT_BOUND times the error of this dtype's plain
@@ -21,52 +23,62 @@ from harness.timing import advance, calls_for
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
 INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
+TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 on the H200 (docs/benchmarks.md)
 FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
 
 
-def verify(model, prompt, stepper, cfg, exact: bool, timed_tokens: torch.Tensor) -> tuple[dict, str | None]:
-    """Metrics of the checks that apply, and the failure reason of the first that failed (or None)."""
+def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> tuple[dict, str | None]:
+    """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
+    `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them."""
     metrics, failure = {}, None
     if exact:
-        failure = _exact(model, prompt, stepper, cfg, timed_tokens, metrics)
+        failure = _exact(model, prompt, stepper, cfg, metrics) or _decoded_tokens(model, prompt, stepper, cfg,
+                                                                                  decoded, metrics)
     if not exact or cfg.attn.value != "sdpa":
         failure = failure or _against_fp32(model, prompt, stepper, cfg, metrics)
     metrics["verified"] = float(failure is None)
     return metrics, failure
 
 
-def _exact(model, prompt, stepper, cfg, timed_tokens, metrics) -> str | None:
-    reference = EagerStepper(model, prompt, cfg.cache_len, rows=stepper.rows)
+def _exact(model, prompt, stepper, cfg, metrics) -> str | None:
+    """Lockstep against two plain eager steppers of the same rows: the mode may differ from eager no more
+    than eager differs from itself, which is not at all where its kernels are deterministic."""
+    first, second = (EagerStepper(model, prompt, cfg.cache_len, rows=stepper.rows) for _ in range(2))
     stepper.restart(prompt)
-    diff, first = 0.0, None
-    for i in range(calls_for(stepper, VERIFY_TOKENS)):
-        out, ref = advance(stepper), _advance_k(reference, stepper.tokens_per_step)
-        step_diff = float((out.float() - ref.float()).abs().max())
-        if step_diff > 0 and first is None:
-            first = (i + 1) * stepper.tokens_per_step - 1
-        diff = max(diff, step_diff)
-        if first is not None:
-            break
-    metrics.update(max_logit_diff=diff)
+    diff = own = 0.0
+    for _ in range(calls_for(stepper, VERIFY_TOKENS)):
+        out, ref = advance(stepper), _advance_k(first, stepper.tokens_per_step)
+        again = _advance_k(second, stepper.tokens_per_step)
+        diff = max(diff, float((out.float() - ref.float()).abs().max()))
+        own = max(own, float((again.float() - ref.float()).abs().max()))
+    metrics.update(max_logit_diff=diff, eager_self_max_logit_diff=own)
     if stepper.rows != stepper.bs:
         metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
-    if first is not None:
-        return (f"logits differ from eager's (same kernels, {stepper.rows} rows) at decode step {first}: "
-                f"max |diff| {diff:.4g}, where replaying eager's kernels must give 0")
-    return _timed_tokens(model, prompt, stepper, cfg, timed_tokens, metrics)
+    if diff > 2 * own:
+        return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
+                f"{VERIFY_TOKENS} steps, where eager differs from itself by {own:.4g}")
+    return None
 
 
-def _timed_tokens(model, prompt, stepper, cfg, timed_tokens, metrics) -> str | None:
-    """Every timed block's tokens [blocks, steps, bs] against a free-running eager decode of the same positions."""
-    warm, steps = calls_for(stepper, cfg.warmup) * stepper.tokens_per_step, timed_tokens.shape[-2]
+def _decoded_tokens(model, prompt, stepper, cfg, decoded, metrics) -> str | None:
+    """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
+    or rank it within TIE_TOLERANCE of its best (eager's own run-to-run rounding can flip such a tie)."""
     reference = EagerStepper(model, prompt, cfg.cache_len, rows=stepper.rows)
-    tokens = _free_run(reference, warm + steps)[warm:]
-    differs = (tokens != timed_tokens).any(dim=-1)  # [blocks, steps]
-    metrics.update(tokens_match=float(not bool(differs.any())), timed_tokens_checked=float(differs.numel()))
-    if bool(differs.any()):
-        block, step = (int(i) for i in differs.nonzero()[0])
-        return (f"the timed loop's token at decode step {step} of block {block + 1} differs from eager's "
-                f"({int(differs.sum())} of {differs.numel()} steps differ)")
+    ties = wrong = 0
+    first_wrong = None
+    for step in range(decoded.shape[0]):
+        logits = reference.step().float()
+        best, chosen = logits.max(dim=-1).values, logits.gather(-1, decoded[step][:, None])[:, 0]
+        ties += int(((best - chosen > 0) & (best - chosen <= TIE_TOLERANCE)).sum())
+        bad = int((best - chosen > TIE_TOLERANCE).sum())
+        wrong += bad
+        first_wrong = step if bad and first_wrong is None else first_wrong
+        reference.input_ids.copy_(decoded[step][:, None])
+    metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
+                   decoded_tokens_at_ties=float(ties))
+    if wrong:
+        return (f"the decoded token at step {first_wrong} (warm-up and first timed block) is not eager's choice "
+                f"given the same history ({wrong} of {decoded.numel()} tokens)")
     return None
 
 
@@ -127,9 +139,3 @@ def _advance_k(stepper, k: int) -> torch.Tensor:
     return out
 
 
-def _free_run(stepper, n: int) -> torch.Tensor:
-    tokens = torch.empty(n, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
-    for i in range(n):
-        advance(stepper)
-        tokens[i].copy_(stepper.input_ids[:, 0])
-    return tokens

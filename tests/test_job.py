@@ -119,9 +119,9 @@ class BiasedStepper(EagerStepper):
         return logits
 
 
-def _timed_tokens(stepper, cfg):
-    run_steps(stepper, cfg.warmup)
-    return torch.stack([timed_decode(stepper, cfg.decode_tokens, torch.device("cpu")).tokens])
+def _decoded_tokens(stepper, cfg):
+    warm = run_steps(stepper, cfg.warmup)
+    return torch.cat([warm, timed_decode(stepper, cfg.decode_tokens, torch.device("cpu")).tokens])
 
 
 def test_verification_catches_a_mode_whose_logits_differ():
@@ -130,12 +130,13 @@ def test_verification_catches_a_mode_whose_logits_differ():
     prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
     with torch.inference_mode():
         plain = EagerStepper(model, prompt, 64)
-        same, ok = verify(model, prompt, plain, cfg, True, _timed_tokens(plain, cfg))
+        same, ok = verify(model, prompt, plain, cfg, True, _decoded_tokens(plain, cfg))
         biased = BiasedStepper(model, prompt, 64)
-        broken, why = verify(model, prompt, biased, cfg, True, _timed_tokens(biased, cfg))
-    assert ok is None and same["max_logit_diff"] == 0.0 and same["tokens_match"] == 1.0
-    assert same["timed_tokens_checked"] == 8 and same["verified"] == 1.0
-    assert why.startswith("logits differ from eager's (same kernels, 2 rows) at decode step 0: max |diff| 1e+04")
+        broken, why = verify(model, prompt, biased, cfg, True, _decoded_tokens(biased, cfg))
+    assert ok is None and same["max_logit_diff"] == 0.0 == same["eager_self_max_logit_diff"]
+    assert same["tokens_match"] == 1.0 and same["decoded_tokens_checked"] == (2 + 8) * 2 and same["verified"] == 1.0
+    assert why.startswith("logits differ from eager's (same kernels, 2 rows) by up to 1e+04 over 32 steps, "
+                          "where eager differs from itself by 0")
     assert broken["verified"] == 0.0
 
 
@@ -166,11 +167,11 @@ def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, pa
 
 
 @pytest.mark.parametrize("kind, says", [
-    ("kv_lost", "logits differ from eager's"),
-    ("rope_off_by_one", "logits differ from eager's (same kernels, 2 rows) at decode step 0"),
-    ("layer_skipped", "logits differ from eager's (same kernels, 2 rows) at decode step 0"),
-    ("newest_masked", "logits differ from eager's (same kernels, 2 rows) at decode step 0"),
-    ("stale_token", "logits differ from eager's"),
+    ("kv_lost", "logits differ from eager's (same kernels, 2 rows) by up to "),
+    ("rope_off_by_one", "logits differ from eager's (same kernels, 2 rows) by up to "),
+    ("layer_skipped", "logits differ from eager's (same kernels, 2 rows) by up to "),
+    ("newest_masked", "logits differ from eager's (same kernels, 2 rows) by up to "),
+    ("stale_token", "logits differ from eager's (same kernels, 2 rows) by up to "),
 ])
 def test_every_injected_mutation_fails_the_run_naming_what_differed(monkeypatch, kind, says):
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
@@ -213,3 +214,16 @@ def test_profiling_on_the_cpu_says_it_was_skipped():
     result = measure(run_config(*FAST, "device=cpu", "profile=true"), on_phase=phases.append)
     assert result.mode_tags["profile"].startswith("skipped: the profiler pass times CUDA kernels")
     assert any(p.startswith("profile skipped") for p in phases) and "kernels_per_step" not in result.metrics
+
+
+def test_a_token_the_timed_loop_got_wrong_fails_the_run():
+    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32", "model.tie_word_embeddings=false")
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        stepper = EagerStepper(model, prompt, 64)
+        decoded = _decoded_tokens(stepper, cfg)
+        decoded[5, 1] = (decoded[5, 1] + 1) % model.config.vocab_size  # as a loop that fed the wrong token
+        checks, why = verify(model, prompt, stepper, cfg, True, decoded)
+    assert why.startswith("the decoded token at step 5 (warm-up and first timed block) is not eager's choice")
+    assert checks["tokens_match"] == 0.0 and checks["max_logit_diff"] == 0.0  # the lockstep alone saw nothing
