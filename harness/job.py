@@ -15,6 +15,7 @@ import torch
 from harness.attribution import nvtx_range, profile_steps
 from harness.config import RunConfig
 from harness.environment import environment_tags, resolve_device
+from harness.gpu_state import GpuState
 from harness.models import DTYPES, LoadedModel, get_model
 from harness.modes import spec
 from harness.modes.base import DecodeMode, Stepper
@@ -76,8 +77,9 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     prompt = seeded_prompt(cfg.bs, cfg.prompt_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
     stepper, warm_tokens = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
-    blocks = _timed_blocks(cfg, stepper, prompt, device, on_phase)
+    blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase)
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics}
+    metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
     if is_noisy(metrics):
         stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
     arch = _architecture(model)
@@ -96,17 +98,22 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
-def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> list:
-    """`repeats` timed blocks, each after a fresh prefill and warm-up (the first's were done before)."""
-    blocks = []
+def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[list, GpuState]:
+    """`repeats` timed blocks, each after a fresh prefill and warm-up (the first's were done before), with
+    the GPU's state read at their start and end and its energy counter around each (between blocks)."""
+    blocks, gpu = [], GpuState(device)
+    gpu.read("start")
     for i in range(cfg.repeats):
         if i:
             stepper.restart(prompt)
             run_steps(stepper, cfg.warmup)
         on_phase(f"decode (block {i + 1}/{cfg.repeats})" if cfg.repeats > 1 else "decode")
+        energy = gpu.energy()
         with nvtx_range("decode", device.type == "cuda"):
             blocks.append(timed_decode(stepper, cfg.decode_tokens, device))
-    return blocks
+        gpu.add_block(energy)
+    gpu.read("end")
+    return blocks, gpu
 
 
 def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
