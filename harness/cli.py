@@ -152,13 +152,23 @@ def rerun_config(logged: dict, overrides: list[str]):
 
 
 def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:
-    print("old run → rerun: median step ms, wall ms/token")
+    """Old and new medians; a new median outside the old run's 95% interval is flagged (another GPU, driver
+    or host moves a run by more than its own blocks vary)."""
+    print("old run → rerun: median step ms [old 95% interval], wall ms/token")
     for old, new in zip(old_runs, new_records):
         o, n = old.data.metrics, new.metrics
         fmt = lambda m, k: f"{m[k]:.3f}" if k in m else "-"  # noqa: E731
-        print(f"  {old.info.run_name}: {fmt(o, 'step_ms_median')} → {fmt(n, 'step_ms_median')}, "
+        print(f"  {old.info.run_name}: {fmt(o, 'step_ms_median')} → {fmt(n, 'step_ms_median')}{_against(o, n)}, "
               f"{fmt(o, 'wall_ms_per_token')} → {fmt(n, 'wall_ms_per_token')}  ({old.info.run_id} → "
               f"{new.mlflow_run_id or 'not logged'})")
+
+
+def _against(old: dict, new: dict) -> str:
+    if not {"step_ms_ci_low", "step_ms_ci_high"} <= old.keys() or "step_ms_median" not in new:
+        return ""
+    low, high, median = old["step_ms_ci_low"], old["step_ms_ci_high"], new["step_ms_median"]
+    verdict = "inside" if low <= median <= high else f"OUTSIDE ({100 * (median / old['step_ms_median'] - 1):+.1f}%)"
+    return f" [{low:.3f}-{high:.3f}: {verdict}]"
 
 
 def sync(uri: str, output_dir: Path, experiment: str | None) -> int:

@@ -30,6 +30,7 @@ def test_a_rerun_reproduces_the_config_and_applies_overrides(workdir):
     proc = run_harness("rerun", old.info.run_id, "decode_tokens=12", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert f"({old.info.run_id} → " in proc.stdout  # old and new side by side
+    assert "inside" in proc.stdout or "OUTSIDE" in proc.stdout  # the new median against the old interval
     new = next(r for r in child_runs(workdir) if r.info.run_id != old.info.run_id)
     assert new.data.tags["rerun_of"] == old.info.run_id and new.info.status == "FINISHED"
     changed = {k: (v, new.data.params.get(k)) for k, v in old.data.params.items() if new.data.params.get(k) != v}
