@@ -41,7 +41,8 @@ def run_config(*overrides: str) -> RunConfig:
 
 
 def harness_env(env: dict | None = None) -> dict:
-    full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    """This process's environment less the store it may name and what torch's imports set here."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", *SET_BY_TORCH)}
     full_env.update(PYTHONPATH=str(CLI_REPO), **(env or {}))
     return full_env
 

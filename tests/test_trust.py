@@ -64,7 +64,7 @@ def test_a_logged_config_is_data_and_target_is_refused(workdir, tmp_path):
     client.log_artifact(evil, str(tmp_path / "config.yaml"))
     proc = run_harness("rerun", evil, cwd=workdir)
     assert proc.returncode == 2
-    assert "not in 'RunConfig'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "_target_ is not a config key" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()
 
 
