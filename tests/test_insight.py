@@ -85,8 +85,11 @@ def test_report_on_a_real_tiny_sweep(workdir):
     for run in children:  # every run is in the table: its median, or its failure and reason
         p = run.data.params
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| tiny | {p['cache_len']} | {p['bs']} |"))
-        if run.info.status == "FINISHED":
-            assert f"{run.data.metrics['step_ms_median']:.3f} ms, 1.00x" in line
+        if run.info.status == "FINISHED":  # its median, and its speedup over the eager run of its shape
+            eager = next(r for r in children if r.data.params["mode"] == "eager" and
+                         (r.data.params["bs"], r.data.params["cache_len"]) == (p["bs"], p["cache_len"]))
+            speedup = eager.data.metrics["step_ms_median"] / run.data.metrics["step_ms_median"]
+            assert f"{run.data.metrics['step_ms_median']:.3f} ms" in line and f"{speedup:.2f}x" in line
         else:
             assert "FAILED: mode=graphed needs a CUDA GPU" in line
     for png in ("latency_vs_bs.png", "speedup_vs_bs.png", "latency_vs_cache_len.png"):

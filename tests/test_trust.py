@@ -91,6 +91,7 @@ def test_an_oom_in_one_job_leaves_the_others_finished(workdir):
     assert by_bs["1"].info.status == by_bs["3"].info.status == "FINISHED"
     assert by_bs["2"].info.status == "FAILED"
     assert by_bs["2"].data.tags["failure_reason"].startswith("out of memory at bs=2 cache_len=64 mode=eager")
+    assert by_bs["2"].data.tags["failure_reason"].endswith("memory back at the post-load baseline: not measured off a GPU")
 
 
 def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
