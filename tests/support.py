@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from harness.config import CONF_DIR
-from harness.config import RunConfig, to_run_config
+from harness.config import CONF_DIR, RunConfig, to_run_config
+from harness.environment import SET_BY_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
 # The tree whose CLI the subprocess tests run: this one, or another checkout (to show a regression test
