@@ -18,7 +18,6 @@ from harness.config import ConfigError, check_overrides, model_preset, to_run_co
 from harness.progress import say
 from harness.record import JobRecord, exit_code
 from harness.redact import redact
-from harness.runner import JobContext, execute
 from harness.summary import print_summary
 
 LOG_DIR = Path.home() / ".cache" / "harness" / "logs"
@@ -110,6 +109,8 @@ def _store_uri(given: str | None, must_exist: bool) -> str:
 
 
 def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
+    from harness.runner import JobContext, execute  # torch and transformers: only a rerun needs them
+
     if malformed := [o for o in overrides if "=" not in o.lstrip("=")]:
         raise ConfigError(f"{malformed[0]!r} is not KEY=VALUE (e.g. decode_tokens=512)")
     check_overrides(overrides)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf

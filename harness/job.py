@@ -18,7 +18,7 @@ from harness.environment import environment_tags, resolve_device
 from harness.gpu_state import GpuState
 from harness.models import DTYPES, LoadedModel, get_model
 from harness.modes import spec
-from harness.modes.base import DecodeMode, Stepper
+from harness.modes.base import DecodeMode
 from harness.record import Measurement
 from harness.roofline import ceilings, floor, step_cost
 from harness import mutations
