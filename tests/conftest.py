@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness import models
-from tests.support import MlflowServer
+from tests.support import FAST, SECRET, MlflowServer, run_harness
 
 
 @pytest.fixture
@@ -30,4 +31,19 @@ def mlflow_server(tmp_path):
     server = MlflowServer(tmp_path / "server")
     server.start()
     yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def served_sweep(tmp_path_factory):
+    """One 2-job sweep logged to a real `mlflow server` through a tracking URI with credentials in it, and
+    with a secret in the environment: shared by the tests that read it back (no secret anywhere, the
+    report against a server, the UI in a browser), so the server and the sweep are paid once."""
+    root = tmp_path_factory.mktemp("served")
+    server = MlflowServer(root / "server")
+    server.start()
+    uri = server.url.replace("http://", f"http://alice:{SECRET}@")
+    sweep = run_harness("-m", *FAST, "bs=1,2", f"tracking.uri={uri}", cwd=root,
+                        env={"HF_TOKEN": SECRET, "HARNESS_SECRET": SECRET})
+    yield SimpleNamespace(root=root, url=server.url, uri=uri, sweep=sweep)
     server.stop()

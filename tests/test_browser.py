@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.support import FAST, run_harness, runs_by_kind
+from tests.support import runs_by_kind
 
 pytestmark = pytest.mark.e2e  # real subprocesses of the CLI: run with `-m e2e`, left out of `-m "not e2e"`
 
@@ -16,19 +16,20 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium (apt-get install chromium)")
-def test_the_sweep_shows_in_the_mlflow_ui(workdir, mlflow_server):
+def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
     from mlflow.tracking import MlflowClient
     from playwright.sync_api import sync_playwright
 
-    assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir, env={"MLFLOW_TRACKING_URI": mlflow_server}).returncode == 0
-    exp, (parent,), children = runs_by_kind(MlflowClient(mlflow_server))
+    assert served_sweep.sweep.returncode == 0, served_sweep.sweep.stderr
+    server = served_sweep.url
+    exp, (parent,), children = runs_by_kind(MlflowClient(server))
     child = next(c for c in children if c.data.params["bs"] == "1")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(f"{mlflow_server}/#/experiments/{exp.experiment_id}/runs", wait_until="load")
+        page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs", wait_until="load")
         page.get_by_text(parent.info.run_name).first.wait_for(timeout=60_000)
-        page.goto(f"{mlflow_server}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}", wait_until="load")
+        page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}", wait_until="load")
         page.get_by_text("tiny bs=1 cache=64 eager").first.wait_for(timeout=60_000)
         page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
         median = f"{child.data.metrics['step_ms_median']:.3f}"[:4]  # the UI rounds; its leading digits agree

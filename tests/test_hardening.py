@@ -17,10 +17,9 @@ import torch
 import yaml
 
 from harness import cli, retry
-from tests.support import FAST, QUICK_STORE, harness_env, run_harness, runs_by_kind, store
+from tests.support import FAST, QUICK_STORE, SECRET, harness_env, run_harness, runs_by_kind, store
 
 pytestmark = pytest.mark.e2e
-SECRET = "s3cretTOKEN"
 
 
 def one_line_error(capsys, *argv: str) -> str:
@@ -31,19 +30,17 @@ def one_line_error(capsys, *argv: str) -> str:
     return err
 
 
-def test_item1_no_secret_reaches_a_store_a_file_or_the_console(tmp_path, workdir, mlflow_server):
-    uri = mlflow_server.replace("http://", f"http://alice:{SECRET}@")
-    env = {"HF_TOKEN": SECRET, "HARNESS_SECRET": SECRET}  # no environment value is logged either
-    proc = run_harness("-m", *FAST, "bs=1,2", f"tracking.uri={uri}", cwd=workdir, env=env)
+def test_item1_no_secret_reaches_a_store_a_file_or_the_console(served_sweep):
+    proc, root = served_sweep.sweep, served_sweep.root
     assert proc.returncode == 0, proc.stderr
-    report = run_harness("--tracking-uri", uri, "report", "--out", "rep", cwd=workdir)  # against the server too
+    report = run_harness("--tracking-uri", served_sweep.uri, "report", "--out", "rep", cwd=root)  # a server too
     assert report.returncode == 0 and "| tiny | 64 | 1 |" in report.stdout and "| tiny | 64 | 2 |" in report.stdout
     assert SECRET not in proc.stdout + proc.stderr + report.stdout + report.stderr
-    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    leaks = [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaks == []  # the server's database and artifacts, outputs/ (result.json, .hydra, sweep.json)
-    assert len(list(tmp_path.glob("server/artifacts/**/config.yaml"))) == 2  # the scan saw the artifacts
-    assert len(list(tmp_path.glob("server/artifacts/**/report/summary.md"))) == 1
-    assert not (workdir / "mlruns").exists()  # everything went to the server
+    assert len(list(root.glob("server/artifacts/**/config.yaml"))) == 2  # the scan saw the artifacts
+    assert len(list(root.glob("server/artifacts/**/report/summary.md"))) == 1
+    assert not (root / "mlruns").exists()  # everything went to the server
 
 
 def test_item2_sweeps_started_together_never_share_a_folder(workdir):
