@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import results, tracking
 from harness.labels import run_label
 from harness.progress import say
-from harness.record import JobRecord, exit_code, flatten
+from harness.record import JobRecord, exit_code, failure_summary, flatten
 from harness.redact import redact, redact_files
 from harness.runner import JobContext, close_parent, execute, finish, new_record, open_parent
 from harness.summary import print_summary
@@ -91,14 +91,6 @@ def summarize(records: list[JobRecord], title: str, uri: str, wall_s: float | No
     global _ended
     _ended = records
     print_summary(records, title, tracking.ui_command(uri), wall_s=wall_s)
-
-
-def failure_summary(records: list[JobRecord]) -> str | None:
-    """A parent's failure reason: how many of its jobs failed, and the first ones' reasons."""
-    failed = [r for r in records if not r.ok]
-    if not failed:
-        return None
-    return f"{len(failed)} of {len(records)} jobs failed: " + "; ".join(f"{r.label}: {r.reason}" for r in failed[:3])
 
 
 REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts

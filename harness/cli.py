@@ -16,7 +16,7 @@ from harness import results, retry, runlog, tracking
 from harness.__main__ import COMMANDS
 from harness.config import ConfigError, check_overrides, model_preset, to_run_config
 from harness.progress import say
-from harness.record import JobRecord, exit_code
+from harness.record import JobRecord, exit_code, failure_summary
 from harness.redact import redact
 from harness.summary import print_summary
 
@@ -129,7 +129,7 @@ def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
                          tags={"rerun_of": run.info.run_id})
         outcomes.append(execute(cfg, ctx))
     failed = exit_code(outcomes)
-    tracking.end_run(uri, parent, "FAILED" if failed else "FINISHED")
+    tracking.end_run(uri, parent, "FAILED" if failed else "FINISHED", failure_summary(outcomes))
     print_summary(outcomes, f"rerun of {run_id} in {out_dir}", tracking.ui_command(uri))
     print_side_by_side(runs, outcomes)
     return failed

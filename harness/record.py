@@ -83,6 +83,14 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
+def failure_summary(records: list[JobRecord]) -> str | None:
+    """A parent's failure reason: how many of its jobs failed, and the first ones' reasons."""
+    failed = [r for r in records if not r.ok]
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(records)} jobs failed: " + "; ".join(f"{r.label}: {r.reason}" for r in failed[:3])
+
+
 def exit_code(records: list[JobRecord]) -> int:
     """A run or sweep exits 1 when any job needs attention (failed, killed), 0 otherwise."""
     return 0 if all(r.ok for r in records) else 1

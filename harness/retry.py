@@ -44,8 +44,7 @@ def is_transient(err: BaseException) -> bool:
 def with_retries(what: str, fn):
     """Call fn, retrying transient store errors with backoff inside the budget; the last error is raised."""
     global _gave_up_at
-    down = _gave_up_at is not None and time.monotonic() - _gave_up_at < STILL_DOWN_S
-    deadline, delay = time.monotonic() + (0 if down else budget_s()), 1.0
+    deadline, delay = time.monotonic() + (0 if store_is_down() else budget_s()), 1.0
     while True:
         try:
             result = fn()
