@@ -1,6 +1,6 @@
 """The article's section-6 loop, minimal and standalone, timed in the same process as the harness.
 
-    python benchmarks/reference_loop.py [--rounds 3] [--bs 1] [--cache-len 256] [--prompt-len 16]
+    python benchmarks/reference_loop.py [--rounds 3] [--bs 1] [--cache-len 256] [--context-len 16]
 
 The reference is the article's method as transformers 5.x allows it (no cache_position: the
 StaticCache advances its own device-side position): prefill, 10 eager warm-up steps, 3 warm-ups on a
@@ -113,17 +113,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bs", type=int, default=1)
     ap.add_argument("--cache-len", type=int, default=256)
-    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--context-len", type=int, default=16)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("reference_loop.py needs a CUDA GPU")
 
-    overrides = ("model=qwen3-0.6b", f"bs={args.bs}", f"cache_len={args.cache_len}", f"prompt_len={args.prompt_len}",
+    overrides = ("model=qwen3-0.6b", f"bs={args.bs}", f"cache_len={args.cache_len}", f"context_len={args.context_len}",
                  f"decode_tokens={NUM_DECODE_TOKENS}", f"warmup={WARMUP_STEPS}")
     cfg = run_config(*overrides, "mode=graphed", "repeats=1")
     device = torch.device("cuda")
     model = models.get_model(cfg.model, "bf16", "sdpa", device, cfg.seed).model
-    prompt = seeded_prompt(args.bs, args.prompt_len, model.config.vocab_size, cfg.seed, device)
+    prompt = seeded_prompt(args.bs, args.context_len, model.config.vocab_size, cfg.seed, device)
 
     compare("graphed", reference_graphed, cfg, model, prompt, args.rounds)
     # every speedup divides by eager: the harness's eager must match an independent eager loop too

@@ -2,7 +2,7 @@
 
 Hydra composes `conf/` on top of these dataclasses (registered in the ConfigStore below), so a
 wrong type or an unknown enum value is caught by Hydra itself. Checks that relate several keys
-(cache_len against prompt + warmup + decode) run when the composed config becomes a RunConfig.
+(cache_len against context + warmup + decode) run when the composed config becomes a RunConfig.
 """
 from __future__ import annotations
 
@@ -37,8 +37,11 @@ class DType(Enum):
     fp32 = "fp32"
 
 
-# sdpa-gqa: decode attends on the KV heads, without repeat_kv (harness/models.py)
-Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "eager")})
+# Decode attention backends (harness/attention.py): sdpa is transformers' own path (repeat_kv, then a masked
+# SDPA over every slot); sdpa-gqa attends on the KV heads without repeat_kv; flex reads only the valid prefix.
+Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "flex", "eager")})
+CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of flex's 128-slot blocks)
+RENAMED = {"prompt_len": "context_len"}  # keys of saved configs from earlier versions, and their names now
 
 
 def _require(ok: bool, message: str) -> None:
@@ -98,9 +101,12 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 class RunConfig:
     model: ModelConfig = MISSING
     bs: int = 1
-    cache_len: int = 256
+    # Tokens a (chunked) prefill puts in the KV cache before decode starts: the context decode attends to.
+    context_len: int = 16
+    # The static cache's capacity in slots; None: context_len + warmup + decode_tokens (+ profile_steps),
+    # rounded up to CACHE_BLOCK. A larger value measures what capacity costs, not context.
+    cache_len: Optional[int] = None
     mode: str = "eager"  # a name in harness.modes.MODES
-    prompt_len: int = 16
     decode_tokens: int = 128
     repeats: int = 3  # timed blocks of decode_tokens, each after a fresh prefill and warm-up
     warmup: int = 10
@@ -119,22 +125,23 @@ class RunConfig:
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode={self.mode} is invalid: use one of {', '.join(MODES)}")
         _require(self.bs >= 1, f"bs={self.bs} is invalid: the batch size must be >= 1")
-        _require(self.prompt_len >= 1, f"prompt_len={self.prompt_len} is invalid: it must be >= 1")
+        _require(self.context_len >= 1, f"context_len={self.context_len} is invalid: it must be >= 1")
         _require(self.decode_tokens >= 2,
                  f"decode_tokens={self.decode_tokens} is invalid: it must be >= 2 (statistics need two steps)")
         _require(self.repeats >= 1, f"repeats={self.repeats} is invalid: it must be >= 1 (timed blocks per job)")
         _require(self.profile_steps >= 1, f"profile_steps={self.profile_steps} is invalid: it must be >= 1")
         _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
         self._check_graph_options()
-        k = self.graph_steps  # warm-up and decode run in whole graph replays of k tokens
-        needed = self.prompt_len + _round_up(self.warmup, k) + _round_up(self.decode_tokens, k) \
-            + (_round_up(self.profile_steps, k) if self.profile else 0)
+        needed = self.slots_needed()
+        if self.cache_len is None:
+            self.cache_len = _round_up(needed, CACHE_BLOCK)
+        k = self.graph_steps
         _require(self.cache_len >= needed,
-                 f"cache_len={self.cache_len} is too short: prompt_len ({self.prompt_len}) + warmup "
+                 f"cache_len={self.cache_len} is too short: context_len ({self.context_len}) + warmup "
                  f"({self.warmup}) + decode_tokens ({self.decode_tokens})"
                  + (f" + profile_steps ({self.profile_steps})" if self.profile else "")
                  + (f", in whole replays of graph_steps={k}," if k > 1 else "")
-                 + f" = {needed} tokens must fit; use cache_len>={needed}")
+                 + f" = {needed} tokens must fit; use cache_len>={needed}, or leave it out (cache_len=null)")
         _require(bool(_DEVICE.match(self.device)),
                  f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
 
@@ -154,6 +161,13 @@ class RunConfig:
             _require(self.compile_mode in allowed,
                      f"compile_mode={self.compile_mode} is invalid for mode={self.mode}: "
                      + (f"use one of {', '.join(allowed)}" if allowed else "only the compiled modes take it"))
+
+    def slots_needed(self) -> int:
+        """Cache slots a job fills: the context, then warm-up and decode (and the profiler's steps) in whole
+        replays of graph_steps tokens."""
+        k = self.graph_steps
+        return self.context_len + _round_up(self.warmup, k) + _round_up(self.decode_tokens, k) \
+            + (_round_up(self.profile_steps, k) if self.profile else 0)
 
     @property
     def label(self) -> str:
@@ -198,6 +212,8 @@ def check_keys(keys) -> None:
     """Refuse a key the schema lacks, naming the nearest one that exists."""
     known = schema_keys()
     for key in keys:
+        if key in RENAMED:
+            raise ConfigError(f"{key} is now called {RENAMED[key]}: use {RENAMED[key]}=N")
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             raise ConfigError(f"{key} is not a config key" + (f": did you mean {near[0]}?" if near else
@@ -217,6 +233,8 @@ def check_overrides(args) -> None:
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """Validate a composed (or saved) config against the schema. Unknown keys are rejected."""
     data = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    if (upgraded := upgrade(data)) is not data:
+        cfg = data = upgraded
     check_keys(k for k in flatten(data) if not k.startswith("hydra."))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
@@ -226,6 +244,14 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     except Exception as err:  # OmegaConf wraps exceptions raised in __post_init__
         cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
         raise ConfigError(str(cause or err).splitlines()[0]) from err
+
+
+def upgrade(data: dict) -> dict:
+    """A config saved by an earlier version, in today's keys: its runs stay rerunnable. A saved prompt_len
+    was the context the cache held, so it becomes context_len; its explicit cache_len is kept."""
+    if not any(old in data for old in RENAMED):
+        return data
+    return {RENAMED.get(k, k): v for k, v in data.items()}
 
 
 def register() -> None:

@@ -74,7 +74,7 @@ def inject_fault(cfg: RunConfig) -> None:
 def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase,
             artifacts_dir: Path | None) -> Measurement:
     model = loaded.model
-    prompt = seeded_prompt(cfg.bs, cfg.prompt_len, model.config.vocab_size, cfg.seed, device)
+    prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
     stepper, warm_tokens = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
     blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase)
@@ -99,13 +99,13 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
 
 
 def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[list, GpuState]:
-    """`repeats` timed blocks, each after a fresh prefill and warm-up (the first's were done before), with
+    """`repeats` timed blocks, each from the prefilled context and after a warm-up (the first's were done before), with
     the GPU's state read at their start and end and its energy counter around each (between blocks)."""
     blocks, gpu = [], GpuState(device)
     gpu.read("start")
     for i in range(cfg.repeats):
         if i:
-            stepper.restart(prompt)
+            stepper.rewind()  # the same context; decode rewrites only the slots after it
             run_steps(stepper, cfg.warmup)
         on_phase(f"decode (block {i + 1}/{cfg.repeats})" if cfg.repeats > 1 else "decode")
         energy = gpu.energy()
@@ -128,7 +128,7 @@ def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phas
                 stepper = mutations.MutatedStepper(mode.prepare(model, prompt, cfg), mutation)
             stepper.tags["mutation"] = mutation
         else:
-            stepper = mode.prepare(model, prompt, cfg)  # prefills first: the cache lives outside any graph pool
+            stepper = mode.prepare(model, prompt, cfg)  # allocates the cache first: it lives outside any graph pool
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
     on_phase("prefill")
     with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
@@ -153,9 +153,9 @@ def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms:
     return {**cost, **lowest, "efficiency": lowest["floor_ms"] / median_ms}
 
 
-def seeded_prompt(bs: int, prompt_len: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:
+def seeded_prompt(bs: int, context_len: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (bs, prompt_len), generator=generator).to(device)
+    return torch.randint(0, vocab, (bs, context_len), generator=generator).to(device)
 
 
 def _architecture(model: torch.nn.Module) -> dict:

@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 # The keys that name a run's variant, dotted as in a run's MLflow params
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
-LABEL_KEYS = ("model.name", "bs", "cache_len", *VARIANT_KEYS)
+LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 
 
@@ -21,6 +21,9 @@ def run_variant(flat: Mapping[str, Any]) -> str:
 
 
 def run_label(flat: Mapping[str, Any]) -> str:
-    """The one run name, e.g. `qwen3-0.6b bs=4 cache=1024 graphed`, from dotted keys (LABEL_KEYS):
-    a RunConfig's, a flattened config's, or a run's MLflow params; a missing key reads `?`."""
-    return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} cache={flat.get('cache_len', '?')} {run_variant(flat)}"
+    """The one run name, e.g. `qwen3-0.6b bs=4 ctx=1024 cache=1280 graphed`, from dotted keys (LABEL_KEYS):
+    a RunConfig's, a flattened config's, or a run's MLflow params; a missing key reads `?`. A config saved
+    before context_len existed names its prompt_len."""
+    context = flat.get("context_len", flat.get("prompt_len", "?"))
+    cache = "auto" if str(flat.get("cache_len")) in ("None", "null") else flat.get("cache_len", "?")
+    return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} ctx={context} cache={cache} {run_variant(flat)}"

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import AutoConfig, AutoModelForCausalLM
 
+import harness.attention  # noqa: F401 - registers the attention backends with transformers
 from harness.config import ConfigError, ModelConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -91,24 +89,6 @@ def check_architecture(cfg: ModelConfig, found) -> None:
     if differ:
         raise ConfigError(f"model.weights={cfg.weights} is not a {cfg.name}: " + ", ".join(differ)
                           + "; pick the model preset of that checkpoint, or a new conf/model/ file for it")
-
-
-def packed_gqa_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """attn=sdpa-gqa: SDPA on the key/value heads. For a single query token, the query heads that share
-    a KV head become rows of that head ([bs, heads, 1, d] -> [bs, kv_heads, groups, d]), so K/V are read
-    once, never expanded per query head by repeat_kv (which transformers does under torch.compile).
-    Decode kernels in the engines do the same. Prefill keeps transformers' own SDPA path."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    if query.shape[2] != 1 or groups == 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    bs, heads, _, dim = query.shape
-    rows = query.reshape(bs, heads // groups, groups, dim)  # the mask ([bs, 1, 1, kv_len]) broadcasts
-    out = F.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(bs, heads, 1, dim).transpose(1, 2).contiguous(), None  # as SDPA's: [bs, 1, heads, d]
-
-
-AttentionInterface.register("sdpa-gqa", packed_gqa_attention)
-AttentionMaskInterface.register("sdpa-gqa", sdpa_mask)
 
 
 class SharedInputLinear(nn.Module):

@@ -80,6 +80,10 @@ class MutatedStepper:
         if self.kind == "kv_lost":  # what a graph writing into a private copy of the cache would leave
             self.kv_snapshot = [t.clone() for layer in self.inner.cache.layers for t in (layer.keys, layer.values)]
 
+    def rewind(self):
+        self.inner.rewind()
+        self.calls = 0
+
     def step(self):
         self.calls += 1
         if self.kind == "stale_token" and self.calls == 2:  # the second step reads the first step's input

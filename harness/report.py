@@ -34,7 +34,7 @@ def _row(run, note: str) -> dict:
         "id": run.info.run_id, "name": run.info.run_name + note, "status": run.info.status,
         "model": p.get("model.name", "?"), "mode": p.get("mode", "?"), "bs": _int(p.get("bs")),
         "variant": run_variant(p),
-        "cache_len": _int(p.get("cache_len")), "prompt_len": _int(p.get("prompt_len")), "dtype": p.get("dtype"),
+        "cache_len": _int(p.get("cache_len")), "context_len": _int(p.get("context_len", p.get("prompt_len"))), "dtype": p.get("dtype"),
         "median_ms": m.get("step_ms_median"), "ci_low": m.get("step_ms_ci_low"), "ci_high": m.get("step_ms_ci_high"),
         "ci_pct": m.get("step_ms_ci_pct"), "noisy": "noisy" in t,
         "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),

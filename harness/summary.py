@@ -12,10 +12,10 @@ from harness.record import JobRecord, flatten
 
 
 def eager_twins(rows: list[dict]) -> dict[str, dict]:
-    """id -> the eager run of the same model, cache_len, bs, prompt_len and dtype, for finished runs that
+    """id -> the eager run of the same model, cache_len, bs, context_len and dtype, for finished runs that
     have one. Where a sweep holds several eager variants (fused, another attn), the plain one is the
-    baseline. Rows: {id, status, mode, variant, model, cache_len, bs, prompt_len, dtype, median_ms}."""
-    twin = lambda r: (r["model"], r["cache_len"], r["bs"], r["prompt_len"], r.get("dtype"))  # noqa: E731
+    baseline. Rows: {id, status, mode, variant, model, cache_len, bs, context_len, dtype, median_ms}."""
+    twin = lambda r: (r["model"], r["cache_len"], r["bs"], r["context_len"], r.get("dtype"))  # noqa: E731
     done = [r for r in rows if r["status"] == "FINISHED" and r["median_ms"]]
     eager: dict[tuple, dict] = {}
     for r in (r for r in done if r["mode"] == "eager"):
@@ -61,7 +61,7 @@ def row(record: JobRecord) -> dict:
     return {"id": record.result_id, "status": record.status, "mode": c.get("mode"),
             "variant": run_variant(flatten(c)),
             "model": model.get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
-            "prompt_len": c.get("prompt_len"), "dtype": c.get("dtype"),
+            "context_len": c.get("context_len", c.get("prompt_len")), "dtype": c.get("dtype"),
             "median_ms": record.metrics.get("step_ms_median"),
             "ci_low": record.metrics.get("step_ms_ci_low"), "ci_high": record.metrics.get("step_ms_ci_high")}
 

@@ -1,20 +1,27 @@
 """A run proves its decode against the computation it claims to equal, after its timed loop.
 
-- Exact modes (eager, graphed, bucketed) run eager's own kernels. In lockstep with plain eager steppers of
-  the same rows (a bucket's padding rows included), every logit of every row must equal eager's, as far
-  as eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
+The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context, greedily; its logits and
+tokens are kept. Every reference is then fed the same tokens (teacher-forced), so that one near-tie cannot
+send two decodes apart, and runs one after another in the stepper's own cache (rewound to the context), so
+that a check at a long context needs no second cache and no second prefill.
+- Exact modes (eager, graphed, bucketed) run eager's own kernels with the run's attention backend. Every
+  logit of every row must equal plain eager's at the same rows (a bucket's padding included), as far as
+  eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
   1024-slot cache is not, from about the 50th step). The loop's own tokens (warm-up and first timed block,
   kept on the device) must each be eager's choice given the same history, or a tie within TIE_TOLERANCE.
   A bucketed run's agreement with the unpadded batch is logged beside it.
 - Inexact modes (Inductor's kernels) and attention backends other than `sdpa` round differently. They are
-  judged teacher-forced against an fp32 eager decode of the same model (sdpa attention) and prompt: their
-  largest logit error against fp32 may be at most INEXACT_BOUND times the error of this dtype's plain
-  eager decode against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer
-  than twice the measured error.
+  judged against an fp32 eager decode (sdpa attention) of the same model, prompt and tokens: their largest
+  logit error against fp32 may be at most INEXACT_BOUND times that of this dtype's plain eager decode (sdpa)
+  against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
+  measured error. The fp32 decode needs its own cache (twice the bytes): it checks as many rows as half the
+  free memory holds (`fp32_rows_checked`), after the run's cache is freed.
 """
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -27,57 +34,85 @@ TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 o
 FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
 
 
+@dataclass
+class Trace:
+    """A decode's logits at the last token of each call [calls, bs, vocab], and the tokens fed [steps, bs]."""
+
+    logits: torch.Tensor
+    tokens: torch.Tensor
+
+
 def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> tuple[dict, str | None]:
     """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
-    `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them."""
+    `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them.
+    The stepper's cache is freed at the end: verification is a job's last use of it."""
     metrics, failure = {}, None
+    stepper.rewind()
+    run = _free_run(stepper, calls_for(stepper, VERIFY_TOKENS))
     if exact:
-        failure = _exact(model, prompt, stepper, cfg, metrics) or _decoded_tokens(model, prompt, stepper, cfg,
-                                                                                  decoded, metrics)
-    # (a K-step graph feeds itself, so it cannot be teacher-forced token by token: its exact check stands)
+        failure = _exact(model, stepper, run, metrics) or _decoded_tokens(model, stepper, decoded, metrics)
+        if stepper.rows != stepper.bs:
+            metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
+    # (a K-step graph feeds itself, so it cannot be fed fp32's history token by token: its exact check stands)
     if (not exact or cfg.attn.value != "sdpa") and stepper.tokens_per_step == 1:
-        failure = failure or _against_fp32(model, prompt, stepper, cfg, metrics)
+        failure = failure or _against_fp32(model, prompt, stepper, cfg, run, metrics)
+    stepper.release()
     metrics["verified"] = float(failure is None)
     return metrics, failure
 
 
-def _exact(model, prompt, stepper, cfg, metrics) -> str | None:
-    """Lockstep against two plain eager steppers of the same rows: the mode may differ from eager no more
+def _free_run(stepper, calls: int) -> Trace:
+    logits, tokens = [], []
+    for _ in range(calls):
+        logits.append(advance(stepper).clone())  # a compiled step may overwrite its output at the next call
+        tokens.append(stepper.tokens.clone())
+    return Trace(torch.stack(logits), torch.cat(tokens))
+
+
+def _forced(stepper, tokens: torch.Tensor, k: int = 1) -> Trace:
+    """An eager stepper fed `tokens` [steps, bs] after its first token; logits at every k-th step."""
+    logits = []
+    for i in range(tokens.shape[0]):
+        out = stepper.step()
+        if i % k == k - 1:
+            logits.append(out.clone())
+        stepper.input_ids.copy_(tokens[i][:, None])
+    return Trace(torch.stack(logits), tokens)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def _exact(model, stepper, run: Trace, metrics) -> str | None:
+    """Two plain eager decodes of the same rows, fed the run's tokens: the run may differ from eager no more
     than eager differs from itself, which is not at all where its kernels are deterministic."""
-    first, second = (EagerStepper(model, prompt, cfg.cache_len, rows=stepper.rows) for _ in range(2))
-    stepper.restart(prompt)
-    diff = own = 0.0
-    for _ in range(calls_for(stepper, VERIFY_TOKENS)):
-        out, ref = advance(stepper), _advance_k(first, stepper.tokens_per_step)
-        again = _advance_k(second, stepper.tokens_per_step)
-        diff = max(diff, float((out.float() - ref.float()).abs().max()))
-        own = max(own, float((again.float() - ref.float()).abs().max()))
+    k = stepper.tokens_per_step
+    first = _forced(_eager_in(model, stepper), run.tokens, k)
+    second = _forced(_eager_in(model, stepper), run.tokens, k)
+    diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
     metrics.update(max_logit_diff=diff, eager_self_max_logit_diff=own)
-    if stepper.rows != stepper.bs:
-        metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
     if diff > 2 * own:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
                 f"{VERIFY_TOKENS} steps, where eager differs from itself by {own:.4g}")
     return None
 
 
-def _decoded_tokens(model, prompt, stepper, cfg, decoded, metrics) -> str | None:
+def _decoded_tokens(model, stepper, decoded, metrics) -> str | None:
     """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
     or rank it within TIE_TOLERANCE of its best (eager's own run-to-run rounding can flip such a tie)."""
-    reference = EagerStepper(model, prompt, cfg.cache_len, rows=stepper.rows)
-    ties = wrong = 0
-    first_wrong = None
-    for step in range(decoded.shape[0]):
+    reference, gaps = _eager_in(model, stepper), []
+    for tokens in decoded:  # step by step: [steps, bs, vocab] logits in fp32 would not fit at large bs
         logits = reference.step().float()
-        best, chosen = logits.max(dim=-1).values, logits.gather(-1, decoded[step][:, None])[:, 0]
-        ties += int(((best - chosen > 0) & (best - chosen <= TIE_TOLERANCE)).sum())
-        bad = int((best - chosen > TIE_TOLERANCE).sum())
-        wrong += bad
-        first_wrong = step if bad and first_wrong is None else first_wrong
-        reference.input_ids.copy_(decoded[step][:, None])
+        gaps.append(logits.max(dim=-1).values - logits.gather(-1, tokens[:, None])[:, 0])
+        reference.input_ids.copy_(tokens[:, None])
+    gap = torch.stack(gaps)
+    bad = gap > TIE_TOLERANCE
+    wrong = int(bad.sum())
     metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
-                   decoded_tokens_at_ties=float(ties))
+                   decoded_tokens_at_ties=float(((gap > 0) & ~bad).sum()))
     if wrong:
+        first_wrong = int(bad.any(dim=1).nonzero()[0, 0])
         return (f"the decoded token at step {first_wrong} (warm-up and first timed block) is not eager's choice "
                 f"given the same history ({wrong} of {decoded.numel()} tokens)")
     return None
@@ -98,33 +133,57 @@ def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
     return {"unpadded_token_agreement": same / (VERIFY_TOKENS * prompt.shape[0]), "unpadded_max_logit_diff": diff}
 
 
-def _against_fp32(model, prompt, stepper, cfg, metrics) -> str | None:
-    reference = EagerStepper(_fp32_copy(model), prompt, cfg.cache_len)
-    plain = EagerStepper(model, prompt, cfg.cache_len)
-    stepper.restart(prompt)
-    err, own, scale, flips = 0.0, 0.0, 0.0, []
-    for _ in range(VERIFY_TOKENS):
-        ref = reference.step().float()
-        out, base = stepper.step().float(), plain.step().float()
-        err, own = max(err, float((out - ref).abs().max())), max(own, float((base - ref).abs().max()))
-        scale = max(scale, float(ref.abs().max()))
-        top2 = ref.topk(2, dim=-1).values
-        flips.append(((out.argmax(-1) != ref.argmax(-1)), top2[:, 0] - top2[:, 1]))
-        for s in (reference, plain, stepper):  # all fed fp32's tokens
-            s.input_ids.copy_(ref.argmax(dim=-1, keepdim=True))
-    del reference
-    bound = max(INEXACT_BOUND * own, FP32_FLOOR * scale)
-    differ = torch.cat([d for d, _ in flips]).float()
-    near_ties = all(bool((gap[d] <= 2 * err).all()) for d, gap in flips)
+def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | None:
+    """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens."""
+    with attention(model, "sdpa"):
+        plain = _forced(_eager_in(model, stepper), run.tokens).logits
+    stepper.release()
+    fp32 = _fp32_copy(model)
+    rows = _fp32_rows(fp32, stepper)
+    ref = _forced(EagerStepper(fp32, prompt[:rows], cfg.cache_len), run.tokens[:, :rows]).logits.float()
+    del fp32
+    err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
+    bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
+    top2 = ref.topk(2, dim=-1).values
+    differ = run.logits[:, :rows].argmax(-1) != ref.argmax(-1)
     metrics.update(fp32_max_logit_err=err, eager_fp32_max_logit_err=own, fp32_err_bound=bound,
-                   fp32_err_vs_eager=err / own if own else float("nan"),
-                   fp32_token_agreement=1.0 - float(differ.mean()))
+                   fp32_err_vs_eager=err / own if own else float("nan"), fp32_rows_checked=float(rows),
+                   fp32_token_agreement=1.0 - float(differ.float().mean()))
     if err > bound:
         return (f"logit error against fp32 {err:.4g} exceeds the bound {bound:.4g} "
                 f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
-    if not near_ties:
+    if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
         return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
     return None
+
+
+def _eager_in(model, stepper) -> EagerStepper:
+    """A plain eager stepper of the same rows, decoding in `stepper`'s cache from its prefilled context."""
+    return EagerStepper(model, stepper.input_ids, stepper.cache_len, rows=stepper.rows, shared=stepper)
+
+
+def _fp32_rows(fp32_model, stepper) -> int:
+    """As many of the batch's rows as an fp32 cache for them fits in half the free GPU memory."""
+    if not stepper.input_ids.is_cuda:
+        return stepper.bs
+    torch.cuda.empty_cache()  # the run's cache, just freed
+    c = fp32_model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * stepper.cache_len * 4
+    return max(1, min(stepper.bs, int(torch.cuda.mem_get_info()[0] / 2 // per_row)))
+
+
+@contextmanager
+def attention(model, name: str):
+    """The model with another attention backend for the duration."""
+    before = model.config._attn_implementation
+    if before != name:
+        model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        if before != name:
+            model.set_attn_implementation(before)
 
 
 def _fp32_copy(model):
@@ -132,11 +191,3 @@ def _fp32_copy(model):
     if hasattr(reference, "set_attn_implementation"):
         reference.set_attn_implementation("sdpa")  # the reference attention, whatever the run's backend
     return reference
-
-
-def _advance_k(stepper, k: int) -> torch.Tensor:
-    for _ in range(k):
-        out = advance(stepper)
-    return out
-
-

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The tree whose CLI the subprocess tests run: this one, or another checkout (to show a regression test
 # failing on older code: HARNESS_REPO_UNDER_TEST=/path/to/old/checkout python -m pytest ...)
 CLI_REPO = Path(os.environ.get("HARNESS_REPO_UNDER_TEST", REPO))
-FAST = ["model=tiny", "decode_tokens=8", "warmup=2", "prompt_len=8", "cache_len=64", "repeats=1"]
+FAST = ["model=tiny", "decode_tokens=8", "warmup=2", "context_len=8", "cache_len=64", "repeats=1"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SECRET = "s3cretTOKEN"  # a password or token that must never leave the process
 # A store that is down costs a test seconds, not the default retry budget

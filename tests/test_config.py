@@ -69,8 +69,8 @@ def test_hydra_rejects_bad_values_naming_the_options(override, says):
     (["bs=0"], "bs=0 is invalid: the batch size must be >= 1"),
     (["mode=bogus"], "mode=bogus is invalid: use one of eager, graphed, bucketed, compiled-nograph, compiled"),
     (["bs=-3"], "bs=-3 is invalid"),
-    (["cache_len=100", "prompt_len=16", "warmup=10", "decode_tokens=128"],
-     "cache_len=100 is too short: prompt_len (16) + warmup (10) + decode_tokens (128) = 154"),
+    (["cache_len=100", "context_len=16", "warmup=10", "decode_tokens=128"],
+     "cache_len=100 is too short: context_len (16) + warmup (10) + decode_tokens (128) = 154"),
     (["decode_tokens=1"], "decode_tokens=1 is invalid"),
     (["warmup=0"], "warmup=0 is invalid"),
     (["device=tpu"], "device='tpu' is invalid: use auto, cpu, cuda or cuda:N"),
@@ -84,7 +84,7 @@ def test_schema_checks_give_one_clear_line(overrides, says):
 
 
 def test_cache_len_exactly_enough_is_accepted():
-    assert run_config("cache_len=154", "prompt_len=16", "warmup=10", "decode_tokens=128").cache_len == 154
+    assert run_config("cache_len=154", "context_len=16", "warmup=10", "decode_tokens=128").cache_len == 154
 
 
 def test_a_saved_config_validates_and_unknown_keys_are_refused():

@@ -68,7 +68,7 @@ def test_item3_new_keys_are_refused_in_one_line_naming_the_nearest(workdir):
 
 
 def test_item5_two_ctrl_c_presses_leave_nothing_running(workdir):
-    args = ["model=tiny", "warmup=2", "prompt_len=8", "decode_tokens=1000", "cache_len=1100", "repeats=1", "bs=1,2"]
+    args = ["model=tiny", "warmup=2", "context_len=8", "decode_tokens=1000", "cache_len=1100", "repeats=1", "bs=1,2"]
     proc = subprocess.Popen([sys.executable, "-m", "harness", "-m", *args], cwd=workdir, env=harness_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:

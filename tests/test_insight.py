@@ -65,7 +65,7 @@ def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
     assert run_variant({"mode": "graphed", "graph_steps": 4, "model.fuse_projections": False}) == "graphed steps=4"
     runs = [("eager", "eager fused", 8.0), ("eager", "eager", 10.0), ("compiled", "compiled fused", 2.0),
             ("compiled", "compiled max-autotune fused", 1.0)]
-    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, prompt_len=8, dtype="bf16", mode=mode,
+    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="bf16", mode=mode,
                  variant=variant, median_ms=ms, efficiency=None, floor_ms=None, reason="")
             for i, (mode, variant, ms) in enumerate(runs)]
     assert speedups(rows) == {0: 1.25, 1: 1.0, 2: 5.0, 3: 10.0}

@@ -67,7 +67,7 @@ def test_graph_options_are_checked(overrides, says):
 
 def test_cache_len_counts_whole_replays_of_graph_steps():
     # 16 prompt + warmup 10 -> 3 replays of 4 (12) + decode 130 -> 33 replays (132) = 160
-    ok = ["graph_steps=4", "mode=graphed", "prompt_len=16", "warmup=10", "decode_tokens=130"]
+    ok = ["graph_steps=4", "mode=graphed", "context_len=16", "warmup=10", "decode_tokens=130"]
     assert run_config(*ok, "cache_len=160").cache_len == 160
     with pytest.raises(ConfigError, match="in whole replays of graph_steps=4, = 160 tokens must fit; use cache_len>=160"):
         run_config(*ok, "cache_len=159")
@@ -125,28 +125,6 @@ def test_fused_model_decodes_the_same_tokens():
     assert all(torch.equal(x, y) for x, y in tokens) and len({int(x[0]) for x, _ in tokens}) > 1
 
 
-def test_packed_gqa_attention_decodes_as_transformers_sdpa_does(monkeypatch):
-    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2").model
-    plain = models._load(cfg, torch.float32, "sdpa", CPU, seed=0)[0]
-    packed = models._load(cfg, torch.float32, "sdpa-gqa", CPU, seed=0)[0]
-    prompt = seeded_prompt(2, 8, plain.config.vocab_size, 0, CPU)
-    with torch.inference_mode():
-        reference, ours = EagerStepper(plain, prompt, 64), EagerStepper(packed, prompt, 64)
-        query_shapes = []
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        monkeypatch.setattr(models.F, "scaled_dot_product_attention",
-                            lambda q, *a, **kw: query_shapes.append(tuple(q.shape)) or sdpa(q, *a, **kw))
-        for _ in range(6):
-            a = reference.step()
-            del query_shapes[:]
-            b = ours.step()
-            assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
-            # 4 query heads on 2 KV heads: each layer attended as [bs, kv_heads, groups, head_dim]
-            assert query_shapes == [(2, 2, 2, 16)] * cfg.num_hidden_layers
-            for stepper in (reference, ours):
-                stepper.input_ids.copy_(a.argmax(dim=-1, keepdim=True))
-
-
 def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32"))
     assert result.failure is None
@@ -172,11 +150,11 @@ class ThrowawayMode(EagerMode):
 def test_a_new_mode_is_one_class_and_one_registry_line(monkeypatch):
     monkeypatch.setitem(MODES, "throwaway", ModeSpec("throwaway", f"{__name__}:ThrowawayMode", graph_steps=True))
     cfg = run_config(*FAST, "mode=throwaway", "graph_steps=2", "device=cpu", "dtype=fp32")  # the schema asks the registry
-    assert cfg.label == "tiny bs=1 cache=64 throwaway steps=2"
+    assert cfg.label == "tiny bs=1 ctx=8 cache=64 throwaway steps=2"
     result = measure(run_config(*FAST, "mode=throwaway", "device=cpu", "dtype=fp32"))
     assert result.failure is None and result.mode_tags["throwaway"] == "yes"
     assert result.metrics["tokens_match"] == 1.0 and result.metrics["max_logit_diff"] == 0  # verified like any mode
-    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, prompt_len=8, dtype="fp32", mode=mode,
+    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="fp32", mode=mode,
                  variant=mode, median_ms=1.0, efficiency=None, floor_ms=None, reason="")
             for i, mode in enumerate(["throwaway", "compiled", "eager"])]
     assert table_markdown(rows).splitlines()[0] == "| model | cache_len | bs | eager | compiled | throwaway |"

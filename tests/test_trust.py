@@ -89,7 +89,7 @@ def test_an_oom_in_one_job_leaves_the_others_finished(workdir):
 
 
 def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
-    args = ["model=tiny", "warmup=2", "prompt_len=8", "decode_tokens=1000", "cache_len=1100", "repeats=1", "bs=1,2,3,4"]
+    args = ["model=tiny", "warmup=2", "context_len=8", "decode_tokens=1000", "cache_len=1100", "repeats=1", "bs=1,2,3,4"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen([sys.executable, "-m", "harness", "-m", *args], cwd=workdir, env=env,

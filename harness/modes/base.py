@@ -1,10 +1,11 @@
 """The one interface every decode mode implements.
 
-A mode's `prepare(model, prompt, cfg)` builds its Stepper and readies it (capture, compile), then
-returns it just prefilled. A stepper owns its StaticCache and the input buffer the next step reads
-(`input_ids`, [bs, 1]); its constructor allocates and prefills, nothing more; `restart(prompt)`
-empties the cache and prefills; `step()` decodes `tokens_per_step` tokens and returns the last one's
-logits [bs, vocab]. Unless the stepper `feeds_itself` (argmax and feeding inside its graph), the
+A mode's `prepare(model, prompt, cfg)` builds its Stepper and readies it (capture, compile). A stepper owns
+its StaticCache (allocated in its constructor, outside any graph pool) and the input buffer the next step
+reads (`input_ids`, [bs, 1]). `restart(prompt)` empties the cache and prefills the context; `rewind()` puts
+it back where that prefill left it (the context's K/V stay in place: decode writes only after them), so
+repeats and checks need no second prefill. `step()` decodes `tokens_per_step` tokens and returns the last
+one's logits [bs, vocab]. Unless the stepper `feeds_itself` (argmax and feeding inside its graph), the
 caller writes the argmax back into `input_ids`.
 """
 from __future__ import annotations
@@ -14,10 +15,20 @@ from typing import ClassVar
 import torch
 from transformers import StaticCache
 
+PREFILL_MASK_ELEMENTS = 1 << 30  # a prefill chunk's mask (rows x chunk x cache slots) stays under this
+
+
+def prefill_chunk(rows: int, context_len: int, cache_len: int) -> int:
+    """Tokens per prefill chunk: the whole context where its attention mask fits, else whole blocks of 128."""
+    fits = PREFILL_MASK_ELEMENTS // (rows * cache_len)
+    return context_len if fits >= context_len else max(128, fits // 128 * 128)
+
 
 def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor:
-    """Eager prefill of the whole prompt; returns the first greedy token, shape [rows, 1]."""
-    out = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    """Eager prefill of the whole prompt, in chunks where it is long; returns the first greedy token [rows, 1]."""
+    chunk = prefill_chunk(prompt.shape[0], prompt.shape[1], cache.layers[0].max_cache_len)
+    for start in range(0, prompt.shape[1], chunk):
+        out = model(input_ids=prompt[:, start:start + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
 
@@ -32,25 +43,54 @@ def pad_rows(prompt: torch.Tensor, rows: int) -> torch.Tensor:
     return prompt if missing == 0 else torch.cat([prompt, prompt.new_zeros(missing, prompt.shape[1])])
 
 
+def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torch.device) -> StaticCache:
+    """A StaticCache with its K/V allocated now, so that no graph pool ever holds it."""
+    c = model.config
+    cache = StaticCache(config=c, max_cache_len=cache_len)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    cache.early_initialization(rows, c.num_key_value_heads, head_dim, model.dtype, device)
+    return cache
+
+
 class Stepper:
     graph_bytes: int = 0  # memory held by the stepper's graphs
     tokens_per_step: int = 1
     feeds_itself: bool = False
 
-    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, cache_len: int, rows: int | None = None):
+    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, cache_len: int, rows: int | None = None,
+                 shared: Stepper | None = None, prefill: bool = True):
+        """`shared`: a prefilled stepper of the same rows whose cache this one decodes in (a reference).
+        `prefill=False`: the caller prefills later (a mode's job prefills once, after its capture)."""
         self.model, self.bs, self.cache_len = model, prompt.shape[0], cache_len
         self.rows = rows or self.bs  # a bucketed stepper runs more rows than the batch has
-        self.cache = StaticCache(config=model.config, max_cache_len=cache_len)
+        self.cache = shared.cache if shared else static_cache(model, self.rows, cache_len, prompt.device)
+        self.context_len, self.first_ids = (shared.context_len, shared.first_ids) if shared else (0, None)
         self.static_ids = torch.zeros(self.rows, 1, dtype=torch.long, device=prompt.device)
         self.input_ids = self.static_ids if self.rows == self.bs else self.static_ids[: self.bs]
         self.tokens = self.input_ids.T  # [tokens_per_step, bs]: what the last step produced
         self.metrics: dict[str, float] = {}  # mode-specific numbers, merged into the run's metrics
         self.tags: dict[str, str] = {}
-        self.restart(prompt)  # the prefill also allocates the cache, outside any graph pool
+        if shared:
+            self.rewind()
+        elif prefill:
+            self.restart(prompt)
 
     def restart(self, prompt: torch.Tensor) -> None:
         self.cache.reset()
-        self.static_ids.copy_(prefill(self.model, self.cache, pad_rows(prompt, self.rows)))
+        self.first_ids = prefill(self.model, self.cache, pad_rows(prompt, self.rows))
+        self.context_len = prompt.shape[1]
+        self.static_ids.copy_(self.first_ids)
+
+    def rewind(self) -> None:
+        """Back to the state the last prefill left: the same context, the same first token (no host sync)."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(self.context_len)
+        self.static_ids.copy_(self.first_ids)
+
+    def release(self) -> None:
+        """Free the cache (a stepper that will not step again), so that a check can allocate its own."""
+        for layer in self.cache.layers:
+            layer.keys = layer.values = None
 
     def forward(self) -> torch.Tensor:
         """One eager decode step of every row the stepper holds."""

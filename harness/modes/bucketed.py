@@ -56,7 +56,7 @@ class BucketedMode(DecodeMode):
         bs, buckets = prompt.shape[0], list(cfg.buckets)
         bucket = pick_bucket(buckets, bs)
         if bucket is None:  # as the engines do: a batch above every bucket runs eagerly
-            stepper = EagerStepper(model, prompt, cfg.cache_len)
+            stepper = EagerStepper(model, prompt, cfg.cache_len, prefill=False)
             stepper.metrics["bucket"] = 0
             stepper.tags["bucket"] = f"none: bs={bs} > largest bucket {buckets[-1]}, ran eagerly"
             return stepper
@@ -66,7 +66,6 @@ class BucketedMode(DecodeMode):
                                pool_vs_largest_alone=stepper.graph_bytes / largest_alone if largest_alone else float("nan"))
         if bucket != bs:
             stepper.metrics["padding_overhead_pct"] = self._padding_overhead(model, prompt, cfg, stepper)
-            stepper.restart(prompt)
         return stepper
 
     @staticmethod
@@ -82,8 +81,11 @@ class BucketedMode(DecodeMode):
     @staticmethod
     def _padding_overhead(model, prompt, cfg, bucket_stepper) -> float:
         """Per-replay latency of bs padded to its bucket against bs captured exactly, in percent."""
+        calls = min(PADDING_PROBE_CALLS, cfg.cache_len // cfg.graph_steps - 1)  # replays that fit the cache
         exact = GraphedStepper(model, prompt, cfg.cache_len, cfg.graph_steps).capture(prompt)
-        exact_ms = median_call_ms(exact.step, PADDING_PROBE_CALLS)
+        exact.cache.reset()
+        exact_ms = median_call_ms(exact.step, calls)
         del exact
-        bucket_ms = median_call_ms(bucket_stepper.step, PADDING_PROBE_CALLS)
+        bucket_stepper.cache.reset()
+        bucket_ms = median_call_ms(bucket_stepper.step, calls)
         return (bucket_ms / exact_ms - 1.0) * 100.0

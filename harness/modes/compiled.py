@@ -27,12 +27,12 @@ def compiled_step(model: torch.nn.Module, compile_mode: str):
 
 class CompiledStepper(Stepper):
     def __init__(self, model, prompt, cache_len, compile_mode: str, mark_steps: bool):
-        super().__init__(model, prompt, cache_len)
+        super().__init__(model, prompt, cache_len, prefill=False)
         torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
         self.fn, self.mark_steps = compiled_step(model, compile_mode), mark_steps
 
     def compile(self, prompt: torch.Tensor) -> CompiledStepper:
-        """Compile (or reuse this process's compiled step) and record its graphs; leave it prefilled."""
+        """Compile (or reuse this process's compiled step) and record its graphs; the caller prefills."""
         before = _graph_pool_bytes(prompt.device)
         start = time.perf_counter()
         for _ in range(COMPILE_WARMUP):
@@ -41,7 +41,6 @@ class CompiledStepper(Stepper):
         self.metrics["compile_ms"] = (time.perf_counter() - start) * 1e3
         # the growth of the one pool that cudagraph trees share across the process's compiled graphs
         self.graph_bytes = _graph_pool_bytes(prompt.device) - before
-        self.restart(prompt)
         return self
 
     def step(self):

@@ -13,4 +13,4 @@ class EagerMode(DecodeMode):
     prepare_phase = "prepare"
 
     def prepare(self, model, prompt, cfg):
-        return EagerStepper(model, prompt, cfg.cache_len)
+        return EagerStepper(model, prompt, cfg.cache_len, prefill=False)

@@ -42,23 +42,27 @@ class GraphedStepper(Stepper):
     """`graph_steps` decode steps in one graph. With one step the host feeds the argmax back, as in
     the article; with more, argmax and feeding are captured too, so a token costs no host work."""
 
-    def __init__(self, model, prompt, cache_len, graph_steps: int = 1, rows: int | None = None):
-        super().__init__(model, prompt, cache_len, rows)
+    def __init__(self, model, prompt, cache_len, graph_steps: int = 1, rows: int | None = None, prefill: bool = False):
+        super().__init__(model, prompt, cache_len, rows, prefill=prefill)
         self.tokens_per_step, self.feeds_itself = graph_steps, graph_steps > 1
         if self.feeds_itself:
             self.tokens = torch.zeros(graph_steps, self.bs, dtype=torch.long, device=prompt.device)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def capture(self, prompt: torch.Tensor, pool=None) -> GraphedStepper:
-        """Warm up on the side stream, capture, and leave the stepper just prefilled again."""
+        """Warm up on the side stream and capture. Values don't matter to a capture, only addresses: the
+        cache may be empty, and is left for the caller to prefill."""
         fn = self._k_steps if self.feeds_itself else super().step
         start = time.perf_counter()
         warm_up_on_side_stream(fn)
         self.graph, self.logits, self.graph_bytes = capture(fn, pool)
         torch.cuda.synchronize()
         self.metrics["capture_ms"] = (time.perf_counter() - start) * 1e3  # side-stream warm-up + capture
-        self.restart(prompt)  # warm-up advanced the cache
         return self
+
+    def release(self) -> None:
+        super().release()
+        self.graph = None  # its private pool goes back to the allocator
 
     def _k_steps(self) -> torch.Tensor:
         for k in range(self.tokens_per_step):

@@ -1,0 +1,95 @@
+"""Decode attention backends, registered with transformers' AttentionInterface (`attn=NAME`), so the model
+stays transformers' own model. Prefill (more than one query token) keeps transformers' SDPA path in all.
+
+- `sdpa`: transformers' path, untouched: with a static cache it passes a mask, so K/V are expanded to the
+  query heads by repeat_kv and SDPA attends over every slot of the cache, valid or empty.
+- `sdpa-gqa`: SDPA on the KV heads, no expansion (GQA_DECODE picks the faster of two ways, measured on the
+  H200 in docs/benchmarks.md); still every slot of the cache, masked.
+- `flex`: flex_attention with a block mask cut at the query's position, so it reads only the valid
+  prefix. The position stays on the device (the step's position_ids), so a step has no host sync and can be
+  captured in a CUDA graph. On a GPU it runs compiled (Inductor's flex-decoding kernel); on a CPU it runs
+  flex's unfused reference, which is slow but exact enough for tests.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+FLEX_BLOCK = 128  # slots per block of flex's block mask: the granularity at which flex skips the cache
+
+
+def enable_gqa_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """A decode step's SDPA with `enable_gqa=True`: the query heads of a group read their KV head in place."""
+    if query.shape[2] != 1 or getattr(module, "num_key_value_groups", 1) == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def packed_rows_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """A decode step's SDPA on the KV heads: the one-token queries of a group become rows of their KV head
+    ([bs, heads, 1, d] -> [bs, kv_heads, groups, d]), as the engines' decode kernels pack them."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    bs, heads, _, dim = query.shape
+    rows = query.reshape(bs, heads // groups, groups, dim)  # the mask ([bs, 1, 1, slots]) broadcasts
+    out = F.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(bs, heads, 1, dim).transpose(1, 2).contiguous(), None  # as SDPA's: [bs, 1, heads, d]
+
+
+GQA_DECODE = packed_rows_attention  # attn=sdpa-gqa: the faster of the two on the H200 (docs/benchmarks.md)
+
+
+def flex_decode(query, key, value, position, scale):
+    """One query token per row at slot `position` ([1], on the device) over a cache of key.shape[2] slots:
+    only the blocks up to the position are read, and the mask_mod, offset by the position, cuts the last
+    one (without that offset the query would sit at slot 0 and attend to nothing but it)."""
+    slots = key.shape[2]
+    blocks = torch.arange(slots // FLEX_BLOCK, device=key.device, dtype=torch.int32).view(1, 1, 1, -1)
+    valid_blocks = (position // FLEX_BLOCK + 1).to(torch.int32).view(1, 1, 1)
+    block_mask = BlockMask.from_kv_blocks(valid_blocks, blocks, BLOCK_SIZE=FLEX_BLOCK, seq_lengths=(1, slots),
+                                          mask_mod=lambda b, h, q, kv: kv <= position[0] + q,
+                                          compute_q_blocks=False)
+    return flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _reference_flex_decode(*args):
+    with warnings.catch_warnings():  # "called without torch.compile": on purpose, see _flex_kernel
+        warnings.simplefilter("ignore", UserWarning)
+        return flex_decode(*args)
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_kernel(device_type: str):
+    if device_type != "cuda":  # Inductor's CPU flex needs a C++ toolchain and minutes; the reference is enough
+        return _reference_flex_decode
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(flex_decode, fullgraph=True, dynamic=False)
+
+
+def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
+    if query.shape[2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if key.shape[2] % FLEX_BLOCK:
+        raise ValueError(f"attn=flex needs cache_len in whole blocks of {FLEX_BLOCK} slots, not {key.shape[2]}")
+    out = _flex_kernel(query.device.type)(query, key, value, position_ids[0, :1], scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def prefill_only_mask(*args, q_length: int, **kwargs):
+    """flex builds its own mask from the position: a decode step needs none, prefill SDPA's."""
+    return None if q_length == 1 else sdpa_mask(*args, q_length=q_length, **kwargs)
+
+
+AttentionInterface.register("sdpa-gqa", lambda *a, **kw: GQA_DECODE(*a, **kw))
+AttentionMaskInterface.register("sdpa-gqa", sdpa_mask)
+AttentionInterface.register("flex", flex_attention_forward)
+AttentionMaskInterface.register("flex", prefill_only_mask)

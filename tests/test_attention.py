@@ -1,0 +1,105 @@
+"""Issue 13 on CPU: the context axis, the attention backends, the chunked prefill."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from harness import attention, models
+from harness.config import ConfigError, check_overrides, to_run_config
+from harness.job import measure, seeded_prompt
+from harness.modes import base
+from harness.modes.eager import EagerStepper
+from tests.support import FAST, run_config
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("fresh_model_cache")
+
+
+def _tiny(attn: str, bs: int = 2):
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", f"bs={bs}").model
+    return models._load(cfg, torch.float32, attn, CPU, seed=0)[0]
+
+
+def _forced_logits(stepper, tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = []
+    for token in tokens:
+        out.append(stepper.step().clone())
+        stepper.input_ids.copy_(token)
+    return out
+
+
+@pytest.mark.parametrize("attn, gqa_decode", [("sdpa-gqa", attention.packed_rows_attention),
+                                              ("sdpa-gqa", attention.enable_gqa_attention), ("flex", None)])
+def test_each_backend_decodes_as_transformers_sdpa_does(attn, gqa_decode, monkeypatch):
+    if gqa_decode is not None:
+        monkeypatch.setattr(attention, "GQA_DECODE", gqa_decode)
+    plain, ours = _tiny("sdpa"), _tiny(attn)
+    prompt = seeded_prompt(2, 8, plain.config.vocab_size, 0, CPU)
+    tokens = [torch.randint(0, plain.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(i))
+              for i in range(6)]
+    key_heads, sdpa = [], F.scaled_dot_product_attention
+    with torch.inference_mode():
+        expected = _forced_logits(EagerStepper(plain, prompt, 128), tokens)
+        stepper = EagerStepper(ours, prompt, 128)  # prefilled: from here on, what each decode step's SDPA reads
+        monkeypatch.setattr(F, "scaled_dot_product_attention",
+                            lambda q, k, *a, **kw: key_heads.append(k.shape[1]) or sdpa(q, k, *a, **kw))
+        got = _forced_logits(stepper, tokens)
+    for a, b in zip(expected, got):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+    # sdpa-gqa's decode steps read the 2 KV heads as they are: never expanded to the 4 query heads
+    assert key_heads == ([2] * 6 * plain.config.num_hidden_layers if attn == "sdpa-gqa" else [])
+
+
+@pytest.mark.parametrize("position", [0, 5, 127, 128, 200, 255])
+def test_flex_decode_reads_the_valid_prefix_only(position):
+    """Slots after the position hold garbage: flex must give SDPA's answer over the valid prefix alone."""
+    g = torch.Generator().manual_seed(position)
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    k, v = (torch.randn(2, 2, 256, 16, generator=g) for _ in range(2))
+    k[:, :, position + 1:], v[:, :, position + 1:] = 1e4, -1e4
+    pos = torch.tensor([position])
+    expected = F.scaled_dot_product_attention(q, k[:, :, :position + 1], v[:, :, :position + 1], enable_gqa=True)
+    got = attention.flex_decode(q, k, v, pos, None)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+    # the offset matters (gpt-fast's warning): a causal mask_mod at the query's own index 0 is wrong
+    unshifted = create_block_mask(lambda b, h, qi, kv: kv <= qi, None, None, 1, 256, device="cpu")
+    if position:
+        assert not torch.allclose(flex_attention(q, k, v, block_mask=unshifted, enable_gqa=True), expected, atol=1e-3)
+
+
+def test_a_long_context_is_prefilled_in_chunks_to_the_same_cache(monkeypatch):
+    model = _tiny("sdpa", bs=1)
+    prompt = seeded_prompt(1, 300, model.config.vocab_size, 0, CPU)
+    tokens = [prompt[:, i:i + 1] for i in range(4)]
+    with torch.inference_mode():
+        whole = _forced_logits(EagerStepper(model, prompt, 512), tokens)
+        monkeypatch.setattr(base, "PREFILL_MASK_ELEMENTS", 512 * 128)  # 128-token chunks: 128 + 128 + 44
+        assert base.prefill_chunk(1, 300, 512) == 128
+        chunked = _forced_logits(EagerStepper(model, prompt, 512), tokens)
+    for a, b in zip(whole, chunked):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+
+
+def test_cache_len_follows_from_the_context_unless_given():
+    assert run_config("context_len=1000").cache_len == 1280  # 1000 + 10 + 128, rounded up to 256
+    assert run_config("context_len=16").cache_len == 256
+    assert run_config("context_len=1000", "cache_len=4096").cache_len == 4096
+    with pytest.raises(ConfigError, match=r"cache_len=1100 is too short: context_len \(1000\) .* use cache_len>=1138"):
+        run_config("context_len=1000", "cache_len=1100")
+    with pytest.raises(ConfigError, match="prompt_len is now called context_len: use context_len=N"):
+        check_overrides(["prompt_len=16"])
+
+
+def test_a_config_saved_with_prompt_len_reruns_as_context_len():
+    saved = {"model": dict(run_config("model=tiny").model.__dict__), "bs": 2, "prompt_len": 8, "cache_len": 256}
+    cfg = to_run_config(saved)
+    assert (cfg.context_len, cfg.cache_len) == (8, 256)
+
+
+def test_flex_runs_verified_against_fp32_on_cpu():
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", "cache_len=128", "bs=2"))
+    m = result.metrics
+    assert result.failure is None and m["verified"] == 1.0
+    assert m["max_logit_diff"] == 0.0 and m["fp32_token_agreement"] == 1.0 and m["fp32_rows_checked"] == 2
