@@ -9,7 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import CONF_DIR, ConfigError, check_overrides  # light: no torch before the checks
+from harness.config import CONF_DIR, ConfigError  # light: no torch before the checks
+from harness.validate import check_overrides
 
 USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m harness works the same)
        harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each

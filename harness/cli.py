@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from harness import results, retry, runlog, tracking
 from harness.__main__ import COMMANDS
-from harness.config import ConfigError, check_overrides, model_preset, to_run_config
+from harness.config import ConfigError
+from harness.validate import check_overrides, model_preset, to_run_config
 from harness.progress import say
 from harness.record import JobRecord, exit_code, failure_summary
 from harness.redact import redact

@@ -6,13 +6,10 @@ wrong type or an unknown enum value is caught by Hydra itself. Checks that relat
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import hashlib
 import json
 import re
 import secrets
-import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
@@ -20,11 +17,10 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from harness.modes import MODES
 from harness.labels import LABEL_KEYS, run_label
-from harness.record import flatten
 
 
 class ConfigError(ValueError):
@@ -41,7 +37,6 @@ class DType(Enum):
 # SDPA over every slot); sdpa-gqa attends on the KV heads without repeat_kv; flex reads only the valid prefix.
 Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "flex", "eager")})
 CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of flex's 128-slot blocks)
-RENAMED = {"prompt_len": "context_len"}  # keys of saved configs from earlier versions, and their names now
 
 
 def _require(ok: bool, message: str) -> None:
@@ -190,68 +185,6 @@ def _round_up(n: int, k: int) -> int:
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 GROUPS = ("model", "experiment")  # config groups a command line may select (`+experiment=` adds one)
-
-
-def model_preset(name: str) -> DictConfig:
-    """A conf/model/ preset by name, as `model=NAME` selects it on a command line."""
-    presets = sorted(p.stem for p in (Path(CONF_DIR) / "model").glob("*.yaml"))
-    _require(name in presets, f"model={name} is not a model preset: use one of {', '.join(presets)}")
-    return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml"))
-
-
-def schema_keys(node: type = None, prefix: str = "") -> list[str]:
-    """Every dotted key of the schema: `bs`, `model.hidden_size`, `tracking.uri`, ..."""
-    keys = []
-    for f in dataclasses.fields(node or RunConfig):
-        sub = typing.get_type_hints(node or RunConfig)[f.name]
-        keys += schema_keys(sub, f"{prefix}{f.name}.") if dataclasses.is_dataclass(sub) else [f"{prefix}{f.name}"]
-    return keys
-
-
-def check_keys(keys) -> None:
-    """Refuse a key the schema lacks, naming the nearest one that exists."""
-    known = schema_keys()
-    for key in keys:
-        if key in RENAMED:
-            raise ConfigError(f"{key} is now called {RENAMED[key]}: use {RENAMED[key]}=N")
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            raise ConfigError(f"{key} is not a config key" + (f": did you mean {near[0]}?" if near else
-                              f"; the keys are {', '.join(known)}"))
-
-
-def check_overrides(args) -> None:
-    """The keys of command-line overrides (`k=v`, `+k=v`, `++k=v`), checked before Hydra composes them:
-    a typo is refused in one line, and `+` adds no key the schema lacks (only a documented group)."""
-    for arg in args:
-        key = arg.split("=", 1)[0].lstrip("+~")
-        if arg.startswith("-") or "=" not in arg or key.split(".")[0].split("/")[0] == "hydra" or key in GROUPS:
-            continue
-        check_keys([key])
-
-
-def to_run_config(cfg: DictConfig) -> RunConfig:
-    """Validate a composed (or saved) config against the schema. Unknown keys are rejected."""
-    data = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
-    if (upgraded := upgrade(data)) is not data:
-        cfg = data = upgraded
-    check_keys(k for k in flatten(data) if not k.startswith("hydra."))
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
-        return OmegaConf.to_object(merged)  # runs every __post_init__
-    except ConfigError:
-        raise
-    except Exception as err:  # OmegaConf wraps exceptions raised in __post_init__
-        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
-        raise ConfigError(str(cause or err).splitlines()[0]) from err
-
-
-def upgrade(data: dict) -> dict:
-    """A config saved by an earlier version, in today's keys: its runs stay rerunnable. A saved prompt_len
-    was the context the cache held, so it becomes context_len; its explicit cache_len is kept."""
-    if not any(old in data for old in RENAMED):
-        return data
-    return {RENAMED.get(k, k): v for k, v in data.items()}
 
 
 def register() -> None:

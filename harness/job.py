@@ -20,7 +20,7 @@ from harness.models import DTYPES, LoadedModel, get_model
 from harness.modes import spec
 from harness.modes.base import DecodeMode
 from harness.record import Measurement
-from harness.roofline import ceilings, floor, step_cost
+from harness.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness import mutations
 from harness.stats import NOISY_PCT, decode_metrics, is_noisy
 from harness.timing import MiB, run_steps, stopwatch, timed_decode
@@ -83,7 +83,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     if is_noisy(metrics):
         stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
     arch = _architecture(model)
-    metrics.update(_speed_of_light(arch, cfg, device, metrics["step_ms_median"], stepper.tags))
+    metrics.update(_speed_of_light(arch, cfg, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
     if cfg.profile and device.type == "cuda":
         on_phase("profile")
         metrics.update(profile_steps(stepper, cfg.profile_steps, artifacts_dir))
@@ -133,24 +133,33 @@ def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phas
     on_phase("prefill")
     with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
         stepper.restart(prompt)
+    phases["prefill_tokens_per_s"] = prompt.numel() / phases["prefill_ms"] * 1e3  # time to first token at this context
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         warm_tokens = run_steps(stepper, cfg.warmup)
     return stepper, warm_tokens
 
 
-def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float,
-                    tags: dict) -> dict[str, float]:
-    """Bytes and FLOPs per step; on a GPU also the floor they set and how close the run came to it."""
-    cost = step_cost(arch, cfg.bs, cfg.cache_len, DTYPES[cfg.dtype.value].itemsize,
-                     compiled=spec(cfg.mode).expands_kv, attn=cfg.attn.value)
+def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float, tags: dict,
+                    rows: int) -> dict[str, float]:
+    """Useful bytes and FLOPs per step (harness/roofline.py), what this implementation moves instead, and on a
+    GPU the floor they set and how close the run came to it."""
+    k = cfg.graph_steps
+    first = cfg.context_len + -(-cfg.warmup // k) * k  # the slot of the first timed step's token
+    positions = range(first, first + cfg.decode_tokens)
+    itemsize = DTYPES[cfg.dtype.value].itemsize
+    cost = step_cost(arch, cfg.bs, first + (cfg.decode_tokens + 1) / 2, itemsize)
+    moved = implementation_bytes(arch, rows, cfg.attn.value, cfg.cache_len, positions, itemsize)
+    cost.update(implementation_bytes=moved, waste_factor=moved / cost["step_bytes"],
+                kv_slots_read=slots_read(cfg.attn.value, cfg.cache_len, positions))
     if device.type != "cuda":
         return cost
     ceil = ceilings(device)
     tags.update(ceiling_copy_gb_per_s=f"{ceil['copy_bytes_per_s'] / 1e9:.0f}",
                 ceiling_bf16_tflop_per_s=f"{ceil['bf16_flops_per_s'] / 1e12:.0f}", ceiling_key=ceil["key"])
     lowest = floor(cost, ceil)
-    return {**cost, **lowest, "efficiency": lowest["floor_ms"] / median_ms}
+    return {**cost, **lowest, "efficiency": lowest["floor_ms"] / median_ms,
+            "implementation_floor_ms": moved / ceil["copy_bytes_per_s"] * 1e3}
 
 
 def seeded_prompt(bs: int, context_len: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:

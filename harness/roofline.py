@@ -1,59 +1,92 @@
-"""Speed of light per decode step: the bytes it must move and the FLOPs it must do, against the
-device's measured ceilings. floor_ms = max(bytes / bandwidth, flops / rate).
+"""Speed of light per decode step: the bytes it must move and the FLOPs it must do, against the device's
+measured ceilings. floor_ms = max(useful bytes / bandwidth, useful FLOPs / rate); efficiency = floor_ms /
+the measured median, for every mode and attention backend alike.
 
-What is counted, per step of a batch of `bs` rows (B = bytes per element):
-- weights: every parameter read once, except the input embedding, of which only bs rows are read;
-  with tied embeddings the one matrix is read in full by lm_head.
-- KV cache: a StaticCache hands SDPA all `cache_len` positions of every layer (masked, not sliced),
-  so attention reads K and V in full: 2 x layers x bs x kv_heads x cache_len x head_dim x B. Where
-  transformers expands K/V to the query heads with repeat_kv (eager attention, older releases, or
-  SDPA under torch.compile), that copy is written and read again: (1 + 2 x n_rep) times the K/V
-  bytes. attn=sdpa-gqa never expands them.
-- activations: the hidden states, projections and MLP intermediates each written and read once per
-  layer, and the logits written and read once (by the argmax).
-- FLOPs: 2 per weight per row for every matmul (lm_head included, the embedding gather excluded),
-  plus 4 x bs x heads x head_dim x cache_len per layer for QK^T and PV.
+Useful work, per step of `bs` rows (B = bytes per element), at the mean position of the timed steps:
+- weights: every parameter read once, except the input embedding, of which only bs rows are read; with
+  tied embeddings the one matrix is read in full by lm_head.
+- KV cache: the valid positions only (the context, the warm-up and the steps decoded so far, the new
+  token included), K and V read once, plus the new token's K and V written once:
+  2 x layers x bs x kv_heads x head_dim x (valid + 1) x B. Empty slots of the cache are not work.
+- activations: the hidden states, projections and MLP intermediates each written and read once per layer,
+  and the logits written and read once (by the argmax).
+- FLOPs: 2 per weight per row for every matmul (lm_head included, the embedding gather excluded), plus
+  4 x bs x heads x head_dim x valid per layer for QK^T and PV.
+
+What the chosen implementation reads is logged beside it (`implementation_bytes`, `waste_factor` =
+implementation / useful): `sdpa` (and `eager`) attend over every slot of the cache, with K/V expanded to
+the query heads by repeat_kv (read once, written and read n_rep times: 1 + 2 x n_rep); `sdpa-gqa` every
+slot once; `flex` the valid slots rounded up to its 128-slot blocks. A bucketed run also computes its
+padding rows.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import time
 from pathlib import Path
 
 import torch
-import transformers.integrations.sdpa_attention as hf_sdpa
 
 from harness.timing import median_call_ms
 
 CEILINGS_FILE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")) / "ceilings.json"
+FLEX_BLOCK = 128  # as harness.attention.FLEX_BLOCK (not imported: this module stays free of transformers)
 
 
-def kv_read_factor(n_rep: int, compiled: bool, attn: str = "sdpa") -> int:
-    """How many times the K/V bytes cross memory for one decode step's attention."""
-    # a query of one token reshaped onto the KV heads: ours always, transformers' own in eager only
-    packs_gqa = attn == "sdpa-gqa" or (attn == "sdpa" and hasattr(hf_sdpa, "pack_gqa") and not compiled)
-    return 1 if n_rep == 1 or packs_gqa else 1 + 2 * n_rep
+def _shape(arch: dict) -> tuple[int, ...]:
+    return (arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["num_attention_heads"],
+            arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"])
 
 
-def step_cost(arch: dict, bs: int, cache_len: int, dtype_bytes: int, compiled: bool = False,
-              attn: str = "sdpa") -> dict[str, float]:
-    """Bytes and FLOPs of one decode step, from the architecture alone (see the module docstring)."""
-    h, inter, layers = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"]
-    heads, kv_heads, hd, vocab = arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"]
+def _dense(arch: dict, rows: int) -> tuple[int, int, int]:
+    """Elements of weights read, of activations moved, and matmul weights, for a step of `rows` rows."""
+    h, inter, layers, heads, kv_heads, hd, vocab = _shape(arch)
     q_dim, kv_dim = heads * hd, kv_heads * hd
     matmul_weights = layers * (h * (q_dim + 2 * kv_dim) + q_dim * h + 3 * h * inter) + vocab * h  # + lm_head
     norm_weights = layers * (2 * h + 2 * hd) + h  # input/post-attention norms, q/k norms, final norm
-    # the bs embedding rows looked up: tied or not, the table is read in full only by lm_head
-    weights_read = matmul_weights + norm_weights + bs * h
-    kv = 2 * layers * bs * kv_dim * cache_len
-    kv_read = kv * kv_read_factor(heads // kv_heads, compiled, attn)
-    activations = layers * bs * (10 * h + 3 * inter + 2 * (q_dim + 2 * kv_dim)) + 2 * bs * vocab
-    flops = 2 * bs * matmul_weights + layers * 4 * bs * heads * hd * cache_len
-    weight_bytes, kv_bytes, act_bytes = (x * dtype_bytes for x in (weights_read, kv_read, activations))
+    weights = matmul_weights + norm_weights + rows * h  # the rows' embedding lookups
+    activations = layers * rows * (10 * h + 3 * inter + 2 * (q_dim + 2 * kv_dim)) + 2 * rows * vocab
+    return weights, activations, matmul_weights
+
+
+def _kv_per_slot(arch: dict) -> int:
+    """Elements of K and V of one slot of one row, over all layers."""
+    return 2 * arch["num_hidden_layers"] * arch["num_key_value_heads"] * arch["head_dim"]
+
+
+def step_cost(arch: dict, bs: int, valid_slots: float, dtype_bytes: int) -> dict[str, float]:
+    """Useful bytes and FLOPs of one decode step of bs rows attending to `valid_slots` positions."""
+    weights, activations, matmul_weights = _dense(arch, bs)
+    kv = _kv_per_slot(arch) * bs * (valid_slots + 1)
+    flops = 2 * bs * matmul_weights + arch["num_hidden_layers"] * 4 * bs * arch["num_attention_heads"] \
+        * arch["head_dim"] * valid_slots
+    weight_bytes, kv_bytes, act_bytes = (x * dtype_bytes for x in (weights, kv, activations))
     return {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "activation_bytes": act_bytes,
-            "step_bytes": weight_bytes + kv_bytes + act_bytes, "step_flops": float(flops)}
+            "step_bytes": weight_bytes + kv_bytes + act_bytes, "step_flops": float(flops), "kv_slots_valid": valid_slots}
+
+
+def kv_read_factor(n_rep: int, attn: str) -> int:
+    """How many times an implementation's K/V bytes cross memory: repeat_kv reads them, writes n_rep copies
+    and attention reads those; sdpa-gqa and flex read the KV heads as they are."""
+    return 1 if n_rep == 1 or attn in ("sdpa-gqa", "flex") else 1 + 2 * n_rep
+
+
+def slots_read(attn: str, cache_len: int, positions: range) -> float:
+    """Cache slots an implementation reads per step, averaged over the steps at `positions`."""
+    if attn != "flex":
+        return float(cache_len)
+    return sum(math.ceil((p + 1) / FLEX_BLOCK) * FLEX_BLOCK for p in positions) / len(positions)
+
+
+def implementation_bytes(arch: dict, rows: int, attn: str, cache_len: int, positions: range, dtype_bytes: int) -> float:
+    """Bytes one step of this implementation moves: `rows` rows (a bucket's padding included)."""
+    weights, activations, _ = _dense(arch, rows)
+    n_rep = arch["num_attention_heads"] // arch["num_key_value_heads"]
+    kv = _kv_per_slot(arch) * rows * (slots_read(attn, cache_len, positions) * kv_read_factor(n_rep, attn) + 1)
+    return float((weights + kv + activations) * dtype_bytes)
 
 
 def floor(cost: dict[str, float], ceilings: dict[str, float]) -> dict[str, float]:

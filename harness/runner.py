@@ -13,7 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from harness import results, runlog, tracking
-from harness.config import ConfigError, config_hash, to_run_config
+from harness.config import ConfigError, config_hash
+from harness.validate import to_run_config
 from harness.labels import run_label
 from harness.job import JobError, measure
 from harness.progress import say

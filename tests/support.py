@@ -17,7 +17,8 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from harness.config import CONF_DIR, RunConfig, to_run_config
+from harness.config import CONF_DIR, RunConfig
+from harness.validate import to_run_config
 from harness.environment import SET_BY_TORCH
 
 REPO = Path(__file__).resolve().parents[1]

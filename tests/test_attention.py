@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from harness import attention, models
-from harness.config import ConfigError, check_overrides, to_run_config
+from harness.config import ConfigError
+from harness.validate import check_overrides, to_run_config
 from harness.job import measure, seeded_prompt
 from harness.modes import base
 from harness.modes.eager import EagerStepper

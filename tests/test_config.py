@@ -13,7 +13,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from harness.config import CONF_DIR
-from harness.config import ConfigError, RunConfig, to_run_config
+from harness.config import ConfigError, RunConfig
+from harness.validate import to_run_config
 from tests.support import REPO, compose_cfg, run_config
 
 

@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.labels import run_variant
 from harness.report import table_markdown
-from harness.roofline import floor, kv_read_factor, step_cost
+from harness.roofline import floor, implementation_bytes, kv_read_factor, slots_read, step_cost
 from harness.summary import speedups
 from tests.support import run_config
 
@@ -33,29 +33,46 @@ def test_weight_bytes_are_the_parameters_read_once(name, arch):
 
 
 def test_tiny_counts_by_hand():
-    c = step_cost(TINY, bs=2, cache_len=64, dtype_bytes=2)
+    c = step_cost(TINY, bs=2, valid_slots=64, dtype_bytes=2)
     matmul = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 1024 * 64  # 2 layers + lm_head
     assert c["step_flops"] == 2 * 2 * matmul + 2 * 4 * 2 * 4 * 16 * 64
-    kv = 2 * 2 * 2 * 2 * 16 * 64 * 2  # K and V x layers x bs x kv_heads x head_dim x cache_len x bytes
-    assert c["kv_bytes"] == kv * kv_read_factor(2, compiled=False)
+    kv = 2 * 2 * 2 * 2 * 16 * (64 + 1) * 2  # K and V x layers x bs x kv_heads x head_dim x (valid + new) x bytes
+    assert c["kv_bytes"] == kv
     assert c["activation_bytes"] == 2 * (2 * 2 * (10 * 64 + 3 * 128 + 2 * (64 + 64)) + 2 * 2 * 1024)
     assert c["step_bytes"] == c["weight_bytes"] + c["kv_bytes"] + c["activation_bytes"]
 
 
-def test_qwen3_floor_is_a_quarter_millisecond_at_bs1():
-    c = step_cost(QWEN, bs=1, cache_len=256, dtype_bytes=2)
-    assert 1.19e9 < c["weight_bytes"] < 1.20e9  # 596M parameters in bf16
-    f = floor(c, {"copy_bytes_per_s": 4.8e12, "bf16_flops_per_s": 990e12})
-    assert 0.24 < f["floor_ms"] < 0.27 and f["floor_ms"] == f["floor_memory_ms"]
+def test_qwen3_useful_bytes_by_hand_at_bs1_context_256():
+    """qwen3-0.6b: hidden 1024, MLP 3072, 28 layers, 16 q heads and 8 KV heads of 128, vocab 151936, tied."""
+    c = step_cost(QWEN, bs=1, valid_slots=256, dtype_bytes=2)
+    per_layer = 1024 * 2048 + 2 * 1024 * 1024 + 2048 * 1024 + 3 * 1024 * 3072  # q, k and v, o, gate/up/down
+    matmul = 28 * per_layer + 151936 * 1024  # + lm_head (the tied table, read once)
+    assert matmul == 595_984_384
+    weights = matmul + 28 * (2 * 1024 + 2 * 128) + 1024 + 1024  # norms, final norm, one embedding row
+    assert c["weight_bytes"] == 2 * weights == 1_192_101_888
+    assert c["kv_bytes"] == 2 * 28 * 8 * 128 * (256 + 1) * 2 == 29_474_816  # 256 read, the new token written
+    assert c["activation_bytes"] == 2 * (28 * (10 * 1024 + 3 * 3072 + 2 * (2048 + 2048)) + 2 * 151936) == 2_156_032
+    assert c["step_bytes"] == 1_223_732_736
+    f = floor(c, {"copy_bytes_per_s": 4.25e12, "bf16_flops_per_s": 990e12})
+    assert f["floor_ms"] == f["floor_memory_ms"] == pytest.approx(1_223_732_736 / 4.25e12 * 1e3)
 
 
-def test_kv_copies_are_counted_where_transformers_repeats_kv():
-    assert kv_read_factor(1, compiled=True) == 1  # no GQA, nothing to expand
-    assert kv_read_factor(2, compiled=True) == 5  # read K/V, write the 2x copy, read it
-    cost = lambda compiled: step_cost(QWEN, 1, 1024, 2, compiled)["kv_bytes"]  # noqa: E731
-    assert cost(True) == 5 * 2 * 28 * 8 * 128 * 1024 * 2 and cost(True) >= cost(False)
-    assert kv_read_factor(2, compiled=True, attn="sdpa-gqa") == 1  # the packed query reads K/V once
-    assert kv_read_factor(2, compiled=False, attn="eager") == 5  # eager attention always repeats
+def test_the_issue_floor_at_bs8_context_16384_is_3_8_ms():
+    f = floor(step_cost(QWEN, bs=8, valid_slots=16384, dtype_bytes=2), {"copy_bytes_per_s": 4.25e12,
+                                                                      "bf16_flops_per_s": 990e12})
+    assert 3.7 < f["floor_ms"] < 3.9  # 1.19 GB of weights + 15 GB of K/V
+
+
+def test_what_an_implementation_reads_against_what_is_useful():
+    steps = range(1034, 1034 + 128)  # context 1024 + warm-up 10, then 128 timed steps
+    useful = step_cost(QWEN, 8, 1034 + 64.5, 2)["step_bytes"]
+    sdpa, gqa, flex = (implementation_bytes(QWEN, 8, attn, 16384, steps, 2) for attn in ("sdpa", "sdpa-gqa", "flex"))
+    per_slot = 2 * 28 * 8 * 128 * 8 * 2  # K and V of 8 rows, bf16
+    assert sdpa - gqa == per_slot * 16384 * 4  # repeat_kv: 1 + 2 x 2 reads of every slot instead of 1
+    assert slots_read("flex", 16384, steps) == sum(-(-(p + 1) // 128) * 128 for p in steps) / 128
+    assert 1152 <= slots_read("flex", 16384, steps) <= 1280  # whole 128-slot blocks of the valid prefix
+    assert useful < flex < gqa < sdpa
+    assert kv_read_factor(1, "sdpa") == 1 and kv_read_factor(2, "eager") == 5 and kv_read_factor(2, "flex") == 1
 
 
 def test_variants_get_their_own_columns_against_the_plain_eager_baseline():

@@ -16,7 +16,6 @@ class ModeSpec:
     target: str  # "module:Class" of its DecodeMode, imported only when a job runs it
     graph_steps: bool = False  # its own graphs can hold several decode steps (graph_steps > 1)
     compile_modes: tuple[str, ...] = ()  # torch.compile modes it takes; the first is its default
-    expands_kv: bool = False  # transformers expands K/V with repeat_kv here (it does under torch.compile)
 
     def mode_class(self) -> type:
         module, _, cls = self.target.partition(":")
@@ -41,6 +40,6 @@ register(ModeSpec("eager", "harness.modes.eager:EagerMode"))
 register(ModeSpec("graphed", "harness.modes.graphed:GraphedMode", graph_steps=True))
 register(ModeSpec("bucketed", "harness.modes.bucketed:BucketedMode", graph_steps=True))
 register(ModeSpec("compiled-nograph", "harness.modes.compiled:CompiledNoGraphMode",
-                  compile_modes=("default", "max-autotune-no-cudagraphs"), expands_kv=True))
+                  compile_modes=("default", "max-autotune-no-cudagraphs")))
 register(ModeSpec("compiled", "harness.modes.compiled:CompiledMode",
-                  compile_modes=("reduce-overhead", "max-autotune"), expands_kv=True))
+                  compile_modes=("reduce-overhead", "max-autotune")))
