@@ -50,8 +50,8 @@ def _int(value) -> int | None:
 
 
 def table_markdown(rows: list[dict]) -> str:
-    """Rows: model x cache_len x bs; columns: modes and their variants (fused, steps=4, ...);
-    cells: median ms/step, speedup over eager, efficiency."""
+    """Rows: model x context_len x cache_len x bs; columns: modes and their variants (fused, flex, ...);
+    cells: median ms/step, speedup over eager, efficiency against the useful floor."""
     if not rows:
         return "(no job runs in this sweep)"
     speedup, interval = speedups(rows), speedup_intervals(rows)
@@ -60,11 +60,12 @@ def table_markdown(rows: list[dict]) -> str:
     modes = sorted({r["variant"] for r in rows}, key=order)
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     for r in rows:
-        key = (r["model"], r["cache_len"], r["bs"])
+        key = (r["model"], r["context_len"], r["cache_len"], r["bs"])
         cells[key][r["variant"]] = _cell(r, speedup_text(speedup.get(r["id"]), interval.get(r["id"])))
-    lines = ["| model | cache_len | bs | " + " | ".join(modes) + " |", "|---|---:|---:|" + "---|" * len(modes)]
-    for key in sorted(cells, key=lambda k: (k[0], k[1] or 0, k[2] or 0)):
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
+    lines = ["| model | context_len | cache_len | bs | " + " | ".join(modes) + " |",
+             "|---|---:|---:|---:|" + "---|" * len(modes)]
+    for key in sorted(cells, key=lambda k: (k[0], *(x or 0 for x in k[1:]))):
+        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
     return "\n".join(lines)
 
 
@@ -80,35 +81,47 @@ def _cell(row: dict, speedup: str) -> str:
     return ", ".join(parts)
 
 
+PLOTS = (("latency_vs_bs", "bs", "median_ms", "median ms/step"),
+         ("speedup_vs_bs", "bs", "speedup", "speedup over eager"),
+         ("latency_vs_context_len", "context_len", "median_ms", "median ms/step (dashed: the useful floor)"))
+
+
 def plots(rows: list[dict], out_dir: Path) -> list[Path]:
-    ok = [r for r in rows if r["status"] == "FINISHED"]
     speedup = speedups(rows)
+    ok = [{**r, "speedup": speedup.get(r["id"])} for r in rows if r["status"] == "FINISHED"]
     made = []
-    for name, x, y, ylabel in (("latency_vs_bs", "bs", lambda r: r["median_ms"], "median ms/step"),
-                               ("speedup_vs_bs", "bs", lambda r: speedup.get(r["id"]), "speedup over eager"),
-                               ("latency_vs_cache_len", "cache_len", lambda r: r["median_ms"], "median ms/step")):
-        other = "cache_len" if x == "bs" else "bs"
+    for name, x, y, ylabel in PLOTS:
+        keys = ("bs",) if x == "context_len" else ("context_len", "cache_len")  # a derived cache follows the context
+        others = [k for k in keys if k != x and len({r[k] for r in ok}) > 1]
         series: dict[tuple, list[tuple]] = defaultdict(list)
-        for r in ok:
-            if y(r) is not None:
-                series[(r["model"], r["variant"], f"{other}={r[other]}")].append((r[x], y(r)))
-        if not series:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, points in sorted(series.items()):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=" ".join(label))
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(x)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made.append(path)
+        for r in (r for r in ok if r[y] is not None):
+            series[(r["model"], r["variant"], *(f"{k}={r[k]}" for k in others))].append((r[x], r[y]))
+        floors: dict[tuple, set] = defaultdict(set)
+        for r in (r for r in ok if x == "context_len" and r["floor_ms"] is not None):
+            floors[(r["model"], "floor", *(f"{k}={r[k]}" for k in others))].add((r[x], r["floor_ms"]))
+        if series:
+            made.append(_draw(series, floors, x, ylabel, out_dir / f"{name}.png"))
     return made
+
+
+def _draw(series: dict, floors: dict, x: str, ylabel: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=" ".join(label))
+    for label, points in sorted(floors.items()):
+        points = sorted(points)
+        ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", color="grey", label=" ".join(label))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log") if floors else None
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path) -> tuple[str, list[Path], str]:

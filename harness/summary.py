@@ -69,21 +69,26 @@ def row(record: JobRecord) -> dict:
 def table(results: list[JobRecord]) -> Table:
     rows = [row(r) for r in results]
     speedup, interval = speedups(rows), speedup_intervals(rows)
+    attns = {str(r.config.get("attn")) for r in results}
     t = Table()
-    for name, justify in (("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median, 95% CI)", "right"),
-                          ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"),
-                          ("reason", "left")):
+    columns = [("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median, 95% CI)", "right"),
+               ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"), ("vs floor", "right"),
+               ("reason", "left")]
+    if len(attns) > 1:  # the label names a backend other than sdpa; with several, say each
+        columns.insert(2, ("attn", "left"))
+    for name, justify in columns:
         t.add_column(name, justify=justify, overflow="fold")
     for r in results:
         m = r.metrics
-        t.add_row(*map(Text, (
-            "-" if r.job_num is None else str(r.job_num), r.label, r.status,
-            median_text(m, "noisy" in r.mode_tags),
-            f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
-            f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
-            speedup_text(speedup.get(r.result_id), interval.get(r.result_id)),
-            "" if r.status == "FINISHED" else _short(r.reason or ""),
-        )))
+        cells = ["-" if r.job_num is None else str(r.job_num), r.label, r.status, median_text(m, "noisy" in r.mode_tags),
+                 f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
+                 f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
+                 speedup_text(speedup.get(r.result_id), interval.get(r.result_id)),
+                 f"{100 * m['efficiency']:.0f}%" if "efficiency" in m else "-",
+                 "" if r.status == "FINISHED" else _short(r.reason or "")]
+        if len(attns) > 1:
+            cells.insert(2, str(r.config.get("attn")))
+        t.add_row(*map(Text, cells))
     return t
 
 

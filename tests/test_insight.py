@@ -6,6 +6,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.labels import run_variant
+from harness import report
 from harness.report import table_markdown
 from harness.roofline import floor, implementation_bytes, kv_read_factor, slots_read, step_cost
 from harness.summary import speedups
@@ -87,5 +88,19 @@ def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
             for i, (mode, variant, ms) in enumerate(runs)]
     assert speedups(rows) == {0: 1.25, 1: 1.0, 2: 5.0, 3: 10.0}
     header, _, cells = table_markdown(rows).splitlines()
-    assert header == "| model | cache_len | bs | eager | eager fused | compiled fused | compiled max-autotune fused |"
-    assert cells.startswith("| tiny | 64 | 1 | 10.000 ms, 1.00x | 8.000 ms, 1.25x | 2.000 ms, 5.00x |")
+    assert header == "| model | context_len | cache_len | bs | eager | eager fused | compiled fused | compiled max-autotune fused |"
+    assert cells.startswith("| tiny | 8 | 64 | 1 | 10.000 ms, 1.00x | 8.000 ms, 1.25x | 2.000 ms, 5.00x |")
+
+
+def test_the_context_plot_has_a_line_per_mode_and_attn_and_the_floor(monkeypatch, tmp_path):
+    drawn = {}
+    monkeypatch.setattr(report, "_draw", lambda series, floors, x, *a: drawn.setdefault(x, (series, floors)))
+    rows = [dict(id=f"{attn}{ctx}", status="FINISHED", model="qwen3-0.6b", cache_len=ctx + 256, bs=8, context_len=ctx,
+                 dtype="bf16", mode="graphed", variant=run_variant({"mode": "graphed", "attn": attn}),
+                 median_ms=ms * ctx / 1024, efficiency=0.5, floor_ms=ctx / 4096, reason="", ci_low=None, ci_high=None)
+            for attn, ms in (("sdpa", 7.0), ("flex", 2.0)) for ctx in (1024, 4096, 16384)]
+    report.plots(rows, tmp_path)
+    series, floors = drawn["context_len"]
+    assert sorted(series) == [("qwen3-0.6b", "graphed"), ("qwen3-0.6b", "graphed flex")]
+    assert series[("qwen3-0.6b", "graphed flex")] == [(1024, 2.0), (4096, 8.0), (16384, 32.0)]
+    assert floors == {("qwen3-0.6b", "floor"): {(1024, 0.25), (4096, 1.0), (16384, 4.0)}}

@@ -157,7 +157,7 @@ def test_a_new_mode_is_one_class_and_one_registry_line(monkeypatch):
     rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="fp32", mode=mode,
                  variant=mode, median_ms=1.0, efficiency=None, floor_ms=None, reason="")
             for i, mode in enumerate(["throwaway", "compiled", "eager"])]
-    assert table_markdown(rows).splitlines()[0] == "| model | cache_len | bs | eager | compiled | throwaway |"
+    assert table_markdown(rows).splitlines()[0] == "| model | context_len | cache_len | bs | eager | compiled | throwaway |"
     monkeypatch.delitem(MODES, "throwaway")
     with pytest.raises(ConfigError, match="mode=throwaway is invalid: use one of eager, graphed"):
         run_config(*FAST, "mode=throwaway")
