@@ -12,7 +12,6 @@ stays transformers' own model. Prefill (more than one query token) keeps transfo
 """
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
@@ -45,7 +44,7 @@ def packed_rows_attention(module, query, key, value, attention_mask, scaling=Non
     return out.reshape(bs, heads, 1, dim).transpose(1, 2).contiguous(), None  # as SDPA's: [bs, 1, heads, d]
 
 
-GQA_DECODE = packed_rows_attention  # attn=sdpa-gqa: the faster of the two on the H200 (docs/benchmarks.md)
+GQA_DECODE = enable_gqa_attention  # attn=sdpa-gqa: the faster of the two on the H200 (docs/benchmarks.md)
 
 
 def flex_decode(query, key, value, position, scale):
@@ -62,17 +61,13 @@ def flex_decode(query, key, value, position, scale):
 
 
 def _reference_flex_decode(*args):
-    with warnings.catch_warnings():  # "called without torch.compile": on purpose, see _flex_kernel
+    with warnings.catch_warnings():  # "called without torch.compile": on purpose, see flex_attention_forward
         warnings.simplefilter("ignore", UserWarning)
         return flex_decode(*args)
 
 
-@functools.lru_cache(maxsize=None)
-def _flex_kernel(device_type: str):
-    if device_type != "cuda":  # Inductor's CPU flex needs a C++ toolchain and minutes; the reference is enough
-        return _reference_flex_decode
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return torch.compile(flex_decode, fullgraph=True, dynamic=False)
+torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a kernel per shape
+_compiled_flex_decode = torch.compile(flex_decode, fullgraph=True, dynamic=False)  # compiles at its first call
 
 
 def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
@@ -80,7 +75,9 @@ def flex_attention_forward(module, query, key, value, attention_mask, scaling=No
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if key.shape[2] % FLEX_BLOCK:
         raise ValueError(f"attn=flex needs cache_len in whole blocks of {FLEX_BLOCK} slots, not {key.shape[2]}")
-    out = _flex_kernel(query.device.type)(query, key, value, position_ids[0, :1], scaling)
+    # Inductor's CPU flex needs a C++ toolchain and minutes: on a CPU, flex's reference is enough (tests)
+    kernel = _compiled_flex_decode if query.is_cuda else _reference_flex_decode
+    out = kernel(query, key, value, position_ids[0, :1], scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
