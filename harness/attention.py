@@ -48,14 +48,14 @@ GQA_DECODE = enable_gqa_attention  # attn=sdpa-gqa: the faster of the two on the
 
 
 def flex_decode(query, key, value, position, scale):
-    """One query token per row at slot `position` ([1], on the device) over a cache of key.shape[2] slots:
+    """One query token per row at slot `position` (a 0-d tensor on the device) over key.shape[2] slots:
     only the blocks up to the position are read, and the mask_mod, offset by the position, cuts the last
     one (without that offset the query would sit at slot 0 and attend to nothing but it)."""
     slots = key.shape[2]
     blocks = torch.arange(slots // FLEX_BLOCK, device=key.device, dtype=torch.int32).view(1, 1, 1, -1)
     valid_blocks = (position // FLEX_BLOCK + 1).to(torch.int32).view(1, 1, 1)
     block_mask = BlockMask.from_kv_blocks(valid_blocks, blocks, BLOCK_SIZE=FLEX_BLOCK, seq_lengths=(1, slots),
-                                          mask_mod=lambda b, h, q, kv: kv <= position[0] + q,
+                                          mask_mod=lambda b, h, q, kv: kv <= position + q,
                                           compute_q_blocks=False)
     return flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
 
@@ -77,7 +77,7 @@ def flex_attention_forward(module, query, key, value, attention_mask, scaling=No
         raise ValueError(f"attn=flex needs cache_len in whole blocks of {FLEX_BLOCK} slots, not {key.shape[2]}")
     # Inductor's CPU flex needs a C++ toolchain and minutes: on a CPU, flex's reference is enough (tests)
     kernel = _compiled_flex_decode if query.is_cuda else _reference_flex_decode
-    out = kernel(query, key, value, position_ids[0, :1], scaling)
+    out = kernel(query, key, value, position_ids[0, 0], scaling)
     return out.transpose(1, 2).contiguous(), None
 
 

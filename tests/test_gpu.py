@@ -113,8 +113,8 @@ def test_every_attention_backend_verifies_in_every_graph_mode(mode, attn):
 def test_a_backend_at_a_long_context_matches_eager_and_fp32(attn):
     m = measure(run_config("model=qwen3-0.6b", "bs=2", "context_len=3000", "mode=graphed", f"attn={attn}",
                            "repeats=1")).metrics
-    print(f"{attn}: vs eager {m['max_logit_diff']}, vs fp32 {m['fp32_max_logit_err']:.4f} "
+    print(f"{attn}: vs eager {m['max_logit_diff']} (eager itself {m['eager_self_max_logit_diff']}), vs fp32 {m['fp32_max_logit_err']:.4f} "
           f"(bound {m['fp32_err_bound']:.4f}), waste {m['waste_factor']:.2f}, efficiency {m['efficiency']:.3f}")
-    assert m["verified"] == 1.0 and m["max_logit_diff"] == 0.0
-    if attn == "flex":  # reads the valid blocks only
-        assert m["kv_slots_read"] < 3000 + 10 + 64 + 128
+    assert m["verified"] == 1.0 and m["max_logit_diff"] <= 2 * m["eager_self_max_logit_diff"]
+    if attn == "flex":  # reads the valid blocks only, deterministically
+        assert m["kv_slots_read"] < 3000 + 10 + 64 + 128 and m["max_logit_diff"] == 0.0
