@@ -70,14 +70,28 @@ torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limi
 _compiled_flex_decode = torch.compile(flex_decode, fullgraph=True, dynamic=False)  # compiles at its first call
 
 
+@torch.library.custom_op("harness::flex_decode", mutates_args=())
+def flex_decode_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """flex decode as one opaque op, so that a model compiled around it (mode=compiled) calls its own compiled
+    kernel instead of fusing the mask_mod's position into its template (Inductor 2.11 then emits Triton that
+    does not compile: "XBLOCK is not defined"). Inside a CUDA graph it is captured like any kernel."""
+    return _compiled_flex_decode(query, key, value, position, scale).contiguous()
+
+
+@flex_decode_op.register_fake
+def _(query, key, value, position, scale):
+    return query.new_empty(query.shape)
+
+
 def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
     if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if key.shape[2] % FLEX_BLOCK:
         raise ValueError(f"attn=flex needs cache_len in whole blocks of {FLEX_BLOCK} slots, not {key.shape[2]}")
     # Inductor's CPU flex needs a C++ toolchain and minutes: on a CPU, flex's reference is enough (tests)
-    kernel = _compiled_flex_decode if query.is_cuda else _reference_flex_decode
-    out = kernel(query, key, value, position_ids[0, 0], scaling)
+    kernel = flex_decode_op if query.is_cuda else _reference_flex_decode
+    out = kernel(query, key, value, position_ids[0, 0], scaling if scaling is not None else query.shape[-1] ** -0.5)
     return out.transpose(1, 2).contiguous(), None
 
 
