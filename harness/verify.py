@@ -14,8 +14,9 @@ that a check at a long context needs no second cache and no second prefill.
   judged against an fp32 eager decode (sdpa attention) of the same model, prompt and tokens: their largest
   logit error against fp32 may be at most INEXACT_BOUND times that of this dtype's plain eager decode (sdpa)
   against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
-  measured error. The fp32 decode needs its own cache (twice the bytes): it checks as many rows as half the
-  free memory holds (`fp32_rows_checked`), after the run's cache is freed.
+  measured error. The fp32 decode needs its own cache (twice the bytes) and prefill (slow): it checks as many
+  rows as half the free memory holds, up to FP32_TOKENS of context (`fp32_rows_checked`), after the run's
+  cache is freed.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ VERIFY_TOKENS = 32  # steps compared logit by logit
 INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
 TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 on the H200 (docs/benchmarks.md)
 FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
+FP32_TOKENS = 32768  # context tokens the fp32 reference prefills at most (rows x context_len): its prefill is slow
 
 
 @dataclass
@@ -163,14 +165,16 @@ def _eager_in(model, stepper) -> EagerStepper:
 
 
 def _fp32_rows(fp32_model, stepper) -> int:
-    """As many of the batch's rows as an fp32 cache for them fits in half the free GPU memory."""
+    """As many of the batch's rows as an fp32 cache for them fits in half the free GPU memory, and at most
+    FP32_TOKENS of context."""
+    most = max(1, min(stepper.bs, FP32_TOKENS // max(stepper.context_len, 1)))
     if not stepper.input_ids.is_cuda:
-        return stepper.bs
+        return most
     torch.cuda.empty_cache()  # the run's cache, just freed
     c = fp32_model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * stepper.cache_len * 4
-    return max(1, min(stepper.bs, int(torch.cuda.mem_get_info()[0] / 2 // per_row)))
+    return max(1, min(most, int(torch.cuda.mem_get_info()[0] / 2 // per_row)))
 
 
 @contextmanager
