@@ -40,7 +40,7 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-COMMANDS = ("report", "rerun", "sync", "ui")  # cli.py's subcommands
+COMMANDS = ("report", "rerun", "sync", "compare", "export", "ui")  # cli.py's subcommands
 
 
 def main() -> None:

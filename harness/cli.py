@@ -1,4 +1,4 @@
-"""The subcommands beside the Hydra entry point: report, rerun, sync, ui. Thin: parse, then call down.
+"""The subcommands beside the Hydra entry point: report, rerun, sync, compare, export, ui. Thin: parse, then call down.
 Every error is one line on stderr with a non-zero exit; its traceback goes to a log file the line names."""
 from __future__ import annotations
 
@@ -6,20 +6,18 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 import traceback
 from datetime import datetime
 from pathlib import Path
 
-from omegaconf import OmegaConf
 
 from harness import results, retry, runlog, tracking
 from harness.__main__ import COMMANDS
 from harness.config import ConfigError
-from harness.validate import check_overrides, model_preset, to_run_config
 from harness.progress import say
-from harness.record import JobRecord, exit_code, failure_summary
+from harness.record import JobRecord
 from harness.redact import redact
-from harness.summary import print_summary
 
 LOG_DIR = Path.home() / ".cache" / "harness" / "logs"
 
@@ -49,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sweep_run_id", nargs="?", default=None, help="default: the newest sweep")
     p.add_argument("--experiment", default="harness")
     p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
+    p = sub.add_parser("compare", parents=[store], help="two sweeps (runs, outputs/ folders) matched by config: "
+                       "ratios with intervals, verdicts; exit 1 when any run is slower")
+    p.add_argument("baseline")
+    p.add_argument("candidate")
+    p.add_argument("--ignore", action="append", default=[], metavar="KEY", help="a config key to match across")
+    p.add_argument("--threshold", default="3%", help="a change smaller than this is `same` (default: 3%%)")
+    p.add_argument("--out", type=Path, default=None, help="where to write compare.md/.json/.png (default: a temp folder)")
+    p = sub.add_parser("export", parents=[store], help="a sweep (run, outputs/ folder) as CSV or JSON, one row per run")
+    p.add_argument("run_id")
+    p.add_argument("--format", default="csv", choices=("csv", "json"))
+    p.add_argument("--out", type=Path, default=None, help="a file to write (default: stdout)")
     p = sub.add_parser("ui", parents=[store], help="browse the store in MLflow's UI (on 127.0.0.1 unless told otherwise)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
@@ -59,7 +68,8 @@ def main(argv: list[str]) -> int:
     command, uri = next((a for a in argv if a in COMMANDS), ""), None
     try:
         args = build_parser().parse_args(argv)
-        uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=args.command in ("report", "rerun"))
+        uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=args.command in ("report", "rerun"),
+                         create=args.command not in ("compare", "export"))
         return _run(args, uri)
     except Exception as err:  # noqa: BLE001 - one line for any error, the traceback in a file
         if uri is not None and retry.is_transient(err):
@@ -70,12 +80,33 @@ def main(argv: list[str]) -> int:
 
 def _run(args, uri: str) -> int:
     if args.command == "rerun":
+        from harness.rerun import rerun
+
         return rerun(uri, args.run_id, args.overrides)
     if args.command == "sync":
         return sync(uri, args.output_dir, args.experiment)
     if args.command == "report":
         return report(uri, args.sweep_run_id, args.experiment, args.out)
+    if args.command == "compare":
+        from harness import compare
+
+        out = args.out or Path(tempfile.mkdtemp(prefix="harness-compare-"))
+        return compare.run(uri, args.baseline, args.candidate, args.ignore, compare.parse_threshold(args.threshold), out)
+    if args.command == "export":
+        return export(uri, args.run_id, args.format, args.out)
     return ui(uri, args.host, args.port)
+
+
+def export(uri: str, given: str, fmt: str, out: Path | None) -> int:
+    from harness import export as sweep_export
+
+    text = sweep_export.run(uri, given, fmt)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        print(f"wrote {out}")
+    return 0
 
 
 def _fail(command: str, err: Exception) -> int:
@@ -100,77 +131,13 @@ def _write_log(command: str, text: str) -> Path | None:
         return None
 
 
-def _store_uri(given: str | None, must_exist: bool) -> str:
+def _store_uri(given: str | None, must_exist: bool, create: bool = True) -> str:
     """The store to use; a command that only reads refuses to create an empty one."""
-    uri = tracking.resolve_uri(given, create=not must_exist)
+    uri = tracking.resolve_uri(given, create=create and not must_exist)
     if must_exist and uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise tracking.StoreError(f"no tracking store at {uri}: run a sweep here first, or pass --tracking-uri "
                                   "(or set MLFLOW_TRACKING_URI)")
     return uri
-
-
-def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
-    from harness.runner import JobContext, execute  # torch and transformers: only a rerun needs them
-
-    if malformed := [o for o in overrides if "=" not in o.lstrip("=")]:
-        raise ConfigError(f"{malformed[0]!r} is not KEY=VALUE (e.g. decode_tokens=512)")
-    check_overrides(overrides)
-    source = tracking.get_run(uri, run_id)
-    experiment = tracking.experiment_name(uri, source)
-    runs = tracking.children(uri, source) if source.data.tags.get("harness.kind") != "job" else [source]
-    if not runs:
-        raise ConfigError(f"run {run_id} is a sweep with no job runs to rerun")
-    configs = [(run, rerun_config(tracking.load_config(uri, run.info.run_id), overrides)) for run in runs]
-    parent = tracking.start_parent(uri, experiment, f"rerun of {source.info.run_name}", "rerun",
-                                   {"rerun_of": run_id, "overrides": " ".join(overrides)})
-    out_dir = Path("outputs") / "reruns" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}-{parent[:6]}"
-    outcomes = []
-    for i, (run, cfg) in enumerate(configs):
-        ctx = JobContext(out_dir / str(i), uri, experiment, parent, i, overrides, progress=f"rerun {i + 1}/{len(configs)}",
-                         tags={"rerun_of": run.info.run_id})
-        outcomes.append(execute(cfg, ctx))
-    failed = exit_code(outcomes)
-    tracking.end_run(uri, parent, "FAILED" if failed else "FINISHED", failure_summary(outcomes))
-    print_summary(outcomes, f"rerun of {run_id} in {out_dir}", tracking.ui_command(uri))
-    print_side_by_side(runs, outcomes)
-    return failed
-
-
-def rerun_config(logged: dict, overrides: list[str]):
-    """A logged config is data: it must pass the schema (no unknown keys, so no `_target_`),
-    before and after the overrides; nothing in it is imported or instantiated. `model=NAME` swaps in
-    that preset. A rerun measures again: resume is off, or the run would find itself as its own twin."""
-    base = OmegaConf.structured(to_run_config(OmegaConf.create(logged)))
-    changes = [o for o in overrides if not o.startswith("model=")]
-    try:
-        for preset in (o.split("=", 1)[1] for o in overrides if o.startswith("model=")):
-            base.model = model_preset(preset)
-        changed = OmegaConf.merge(base, OmegaConf.from_dotlist([*changes, "resume=false"]))
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - OmegaConf's own message names the key and the value
-        raise ConfigError(str(err).splitlines()[0]) from err
-    return OmegaConf.structured(to_run_config(changed))
-
-
-def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:
-    """Old and new medians; a new median outside the old run's 95% interval is flagged (another GPU, driver
-    or host moves a run by more than its own blocks vary)."""
-    print("old run → rerun: median step ms [old 95% interval], wall ms/token")
-    for old, new in zip(old_runs, new_records):
-        o, n = old.data.metrics, new.metrics
-        fmt = lambda m, k: f"{m[k]:.3f}" if k in m else "-"  # noqa: E731
-        print(f"  {old.info.run_name}: {fmt(o, 'step_ms_median')} → {fmt(n, 'step_ms_median')}{_against(o, n)}, "
-              f"{fmt(o, 'wall_ms_per_token')} → {fmt(n, 'wall_ms_per_token')}  ({old.info.run_id} → "
-              f"{new.mlflow_run_id or 'not logged'})")
-
-
-def _against(old: dict, new: dict) -> str:
-    if not {"step_ms_ci_low", "step_ms_ci_high"} <= old.keys() or "step_ms_median" not in new:
-        return ""
-    low, high, median = old["step_ms_ci_low"], old["step_ms_ci_high"], new["step_ms_median"]
-    verdict = "inside" if low <= median <= high else f"OUTSIDE ({100 * (median / old['step_ms_median'] - 1):+.1f}%)"
-    return f" [{low:.3f}-{high:.3f}: {verdict}]"
 
 
 def sync(uri: str, output_dir: Path, experiment: str | None) -> int:

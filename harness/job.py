@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +26,9 @@ from harness import mutations
 from harness.stats import NOISY_PCT, decode_metrics, is_noisy
 from harness.timing import MiB, run_steps, stopwatch, timed_decode
 from harness.verify import verify
+
+
+SLOW_MS = 20.0  # what HARNESS_INJECT_FAULT=slow adds to each step
 
 
 class JobError(RuntimeError):
@@ -60,11 +64,16 @@ def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None
     return result
 
 
-def inject_fault(cfg: RunConfig) -> None:
-    """Test hook: HARNESS_INJECT_FAULT=oom:LABEL or sigkill:LABEL hits the job whose label contains LABEL."""
+def inject_fault(cfg: RunConfig, stepper=None) -> None:
+    """Test hook: HARNESS_INJECT_FAULT=oom:LABEL, sigkill:LABEL or slow:LABEL hits the job whose label contains
+    LABEL (slow: SLOW_MS more per step, inside the timed step, once its stepper exists)."""
     kind, _, where = os.environ.get("HARNESS_INJECT_FAULT", "").partition(":")
-    if not kind or where not in cfg.label:
+    if not kind or where not in cfg.label or (kind == "slow") != (stepper is not None):
         return
+    if kind == "slow":
+        step = stepper.step
+        stepper.step = lambda: (time.sleep(SLOW_MS / 1e3), step())[1]
+        stepper.tags["fault"] = f"slowed by {SLOW_MS:g} ms a step (HARNESS_INJECT_FAULT, a test hook)"
     if kind == "oom":
         raise torch.OutOfMemoryError(f"injected by HARNESS_INJECT_FAULT for {cfg.label}")
     if kind == "sigkill":
@@ -129,6 +138,7 @@ def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phas
             stepper.tags["mutation"] = mutation
         else:
             stepper = mode.prepare(model, prompt, cfg)  # allocates the cache first: it lives outside any graph pool
+    inject_fault(cfg, stepper)
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
     on_phase("prefill")
     with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):

@@ -124,6 +124,21 @@ def _draw(series: dict, floors: dict, x: str, ylabel: str, path: Path) -> Path:
     return path
 
 
+def ratio_plot(pairs, path: Path) -> Path:
+    """`harness compare`'s pairs: candidate / baseline with its 95% interval, one bar per run."""
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(pairs) + 1.5))
+    y = range(len(pairs))
+    ax.errorbar([p.ratio for p in pairs], y, xerr=[[p.ratio - p.low for p in pairs], [p.high - p.ratio for p in pairs]],
+                fmt="o", capsize=3)
+    ax.axvline(1.0, color="grey", linestyle="--")
+    ax.set_yticks(list(y), [p.label for p in pairs], fontsize=7)
+    ax.set_xlabel("candidate / baseline median step time (95% interval)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path) -> tuple[str, list[Path], str]:
     """Write summary.md and the plots into out_dir and log them on the parent run."""
     parent, rows = load(uri, parent_id, experiment)

@@ -33,15 +33,21 @@ def step_stats(step_ms: list[float]) -> dict[str, float]:
     }
 
 
-def median_interval(blocks: list[list[float]], seed: int = 0) -> tuple[float, float]:
-    """The two-level bootstrap 95% interval of the median step time."""
+def bootstrap_medians(blocks: list[list[float]], seed: int = 0) -> np.ndarray:
+    """BOOTSTRAP_SAMPLES medians of the step time, each of blocks drawn with replacement, then of steps
+    drawn with replacement within each drawn block (the two-level bootstrap)."""
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(b, dtype=np.float64) for b in blocks]
     medians = np.empty(BOOTSTRAP_SAMPLES)
     for i in range(BOOTSTRAP_SAMPLES):
         drawn = rng.integers(len(arrays), size=len(arrays))
         medians[i] = np.median(np.concatenate([rng.choice(arrays[j], size=arrays[j].size) for j in drawn]))
-    low, high = np.percentile(medians, [2.5, 97.5])
+    return medians
+
+
+def median_interval(blocks: list[list[float]], seed: int = 0) -> tuple[float, float]:
+    """The two-level bootstrap 95% interval of the median step time."""
+    low, high = np.percentile(bootstrap_medians(blocks, seed), [2.5, 97.5])
     return float(low), float(high)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from harness import retry
@@ -199,6 +200,17 @@ def load_config(uri: str, run_id: str) -> dict:
     if not isinstance(data, dict) or not data:
         raise StoreError(f"run {run_id}'s config.yaml holds no config")
     return data
+
+
+def load_result(uri: str, run_id: str):
+    """The run's logged result.json as a JobRecord (config, metrics, step series, environment)."""
+    from harness.results import ResultFileError, read
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            return read(Path(client(uri).download_artifacts(run_id, "result.json", tmp)))
+        except (ResultFileError, OSError, MlflowException) as err:
+            raise StoreError(f"run {run_id} has no readable result.json artifact ({type(err).__name__})") from err
 
 
 def end_run(uri: str, run_id: str, status: str, reason: str | None = None) -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from harness import cli, retry
+from harness import cli, rerun, retry
 from tests.support import FAST, QUICK_STORE, SECRET, harness_env, run_harness, runs_by_kind, store
 
 pytestmark = pytest.mark.e2e
@@ -102,13 +102,13 @@ def test_items7_10_and_14_rerun_errors_are_one_line_and_a_resumed_run_measures_a
                       ("bs=abc", "Value 'abc' of type 'str' could not be converted to Integer")):
         assert says in one_line_error(capsys, "rerun", run_id, bad)
     logged = yaml.safe_load(next(workdir.glob("outputs/**/config.yaml")).read_text())
-    swapped = cli.rerun_config(logged, ["model=qwen3-0.6b"])  # the issue's `model=qwen3-0.6b`: another preset
+    swapped = rerun.rerun_config(logged, ["model=qwen3-0.6b"])  # the issue's `model=qwen3-0.6b`: another preset
     assert swapped.model.num_hidden_layers == 28 and swapped.bs == 1
     assert "required: run_id (see `harness rerun --help`)" in one_line_error(capsys, "rerun")
     assert cli.main(["rerun", run_id, "decode_tokens=4"]) == 0  # resume=true in its config: not its own twin
-    rerun = next(c for c in runs_by_kind(store(workdir))[2] if c.info.run_id != run_id)
-    assert rerun.info.status == "FINISHED" and rerun.data.params["resume"] == "False"
-    assert rerun.data.tags["rerun_of"] == run_id
+    again = next(c for c in runs_by_kind(store(workdir))[2] if c.info.run_id != run_id)
+    assert again.info.status == "FINISHED" and again.data.params["resume"] == "False"
+    assert again.data.tags["rerun_of"] == run_id
 
 
 def test_items8_and_9_a_down_or_hung_store_costs_seconds_and_one_line(workdir, capsys, monkeypatch):

@@ -1,0 +1,76 @@
+"""Issue 14: `harness compare` (matching, bootstrap verdicts, exit status, files on the candidate's parent)
+and `harness export`."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from harness import cli
+from harness.compare import compare, environment_diff, parse_threshold
+from harness.config import ConfigError
+from harness.record import JobRecord
+from tests.support import FAST, run_harness, runs_by_kind, store
+
+
+def _record(bs: int, median: float, env: dict | None = None, seed: int = 0, **config) -> JobRecord:
+    rng = np.random.default_rng(seed)
+    steps = list(median * (1 + 0.002 * rng.standard_normal(3 * 64)))  # 3 blocks of 64 steps, ±0.2% noise
+    return JobRecord(label=f"tiny bs={bs}", config={"bs": bs, "mode": "eager", "repeats": 3, "tracking": {"uri": "x"},
+                                                    **config},
+                     status="FINISHED", step_ms=steps, environment=env or {"torch": "2.11"})
+
+
+def test_verdicts_come_from_the_ratio_interval_at_the_threshold():
+    base = [_record(1, 10.0), _record(2, 10.0), _record(4, 10.0), _record(8, 10.0)]
+    cand = [_record(1, 10.01, seed=1), _record(2, 11.0, seed=2), _record(4, 9.0, seed=3), _record(16, 10.0)]
+    pairs, unmatched = compare(base, cand, ignore=[], threshold=0.03)
+    verdicts = {p.label: p.verdict for p in pairs}
+    assert verdicts == {"tiny bs=1": "same", "tiny bs=2": "slower", "tiny bs=4": "faster"}
+    slower = next(p for p in pairs if p.label == "tiny bs=2")
+    assert slower.low < slower.ratio < slower.high and 1.09 < slower.low and slower.high < 1.11
+    assert sorted(unmatched) == [("baseline", "tiny bs=8", "no candidate run with this config"),
+                                 ("candidate", "tiny bs=16", "no baseline run with this config")]
+    # a 10% change inside a 15% threshold is `same`; where the store lives never decides a match
+    assert {p.verdict for p in compare(base, cand, [], 0.15)[0]} == {"same"}
+    moved = [_record(2, 10.0, tracking={"uri": "elsewhere"})]
+    assert len(compare([_record(2, 10.0)], moved, [], 0.03)[0]) == 1
+
+
+def test_ignored_keys_match_runs_that_differ_in_them_and_environments_are_diffed():
+    base = [_record(1, 10.0, attn="sdpa")]
+    cand = [_record(1, 5.0, attn="flex", env={"torch": "2.13", "gpu_uuid": "GPU-b"})]
+    assert compare(base, cand, [], 0.03)[0] == []
+    assert [p.verdict for p in compare(base, cand, ["attn"], 0.03)[0]] == ["faster"]
+    assert environment_diff(base, cand, []) == {"gpu_uuid": (["-"], ["GPU-b"]), "torch": (["2.11"], ["2.13"])}
+    assert environment_diff(base, cand, ["env.gpu_uuid"]) == {"torch": (["2.11"], ["2.13"])}
+    assert parse_threshold("3%") == 0.03 and parse_threshold("0.05") == 0.05
+    with pytest.raises(ConfigError, match="--threshold 150% is invalid"):
+        parse_threshold("150%")
+
+
+@pytest.mark.e2e
+def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_parent(workdir, capsys):
+    args = ("-m", *FAST, "bs=1,2", "hydra.sweep.dir=sweeps/${now:%H-%M-%S}-${harness_uid:}")
+    assert run_harness(*args, cwd=workdir).returncode == 0
+    slowed = run_harness(*args, cwd=workdir, env={"HARNESS_INJECT_FAULT": "slow:bs=2 "})
+    assert slowed.returncode == 0, slowed.stderr[-2000:]
+    base_dir, _ = sorted((workdir / "sweeps").iterdir(), key=lambda p: p.stat().st_mtime)
+    _, parents, _ = runs_by_kind(store(workdir))
+    cand_parent = max((p for p in parents if p.data.tags["harness.kind"] == "sweep"), key=lambda p: p.info.start_time)
+    out = workdir / "cmp"
+    assert cli.main(["compare", str(base_dir), cand_parent.info.run_id, "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "1 of 2 runs slower beyond 3%: tiny bs=2 ctx=8 cache=64 eager" in printed
+    pairs = {p["label"]: p for p in json.loads((out / "compare.json").read_text())["pairs"]}
+    assert pairs["tiny bs=2 ctx=8 cache=64 eager"]["verdict"] == "slower"
+    assert pairs["tiny bs=1 ctx=8 cache=64 eager"]["ratio"] < 2  # not slowed: 20 ms a step is 10x tiny's step
+    logged = {a.path for a in store(workdir).list_artifacts(cand_parent.info.run_id, "compare")}
+    assert logged == {"compare/compare.md", "compare/compare.json", "compare/compare.png"}
+    exported = workdir / "sweep.csv"
+    assert cli.main(["export", cand_parent.info.run_id, "--format", "csv", "--out", str(exported)]) == 0
+    rows = list(csv.DictReader(exported.open()))
+    assert sorted(r["config.bs"] for r in rows) == ["1", "2"] and all(float(r["metric.step_ms_median"]) > 0 for r in rows)
+    assert all(r["env.torch"] and r["status"] == "FINISHED" for r in rows)
