@@ -13,6 +13,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from mlflow.entities import Metric
 from omegaconf import DictConfig, OmegaConf
 
 from harness import results, tracking
@@ -21,7 +22,7 @@ from harness.progress import say
 from harness.record import JobRecord, exit_code, failure_summary, flatten
 from harness.redact import redact, redact_files
 from harness.runner import JobContext, close_parent, execute, finish, new_record, open_parent
-from harness.summary import print_summary
+from harness.summary import parent_metrics, print_summary
 
 SWEEP_FILE = "sweep.json"
 _ended: list[JobRecord] | None = None  # the records of the run or sweep that just ended, for the exit status
@@ -93,6 +94,24 @@ def summarize(records: list[JobRecord], title: str, uri: str, wall_s: float | No
     print_summary(records, title, tracking.ui_command(uri), wall_s=wall_s)
 
 
+def land(uri: str, parent: str | None, experiment: str, records: list[JobRecord], sweep_dir: Path) -> None:
+    """The sweep's parent as MLflow's landing page: the figures a user would chart (median and speedup per
+    mode x bs) as its metrics, the report's plots as its artifacts, and a link to the page comparing its runs."""
+    if parent is None:
+        return
+    from harness import report  # matplotlib: only when a sweep ends
+
+    try:
+        c, now = tracking.client(uri), int(time.time() * 1000)
+        c.log_batch(parent, metrics=[Metric(k, v, now, 0) for k, v in parent_metrics(records).items()])
+        for path in report.from_records(records, f"sweep {sweep_dir.name}", sweep_dir / "report"):
+            c.log_artifact(parent, str(path), "report")
+        if ids := [r.mlflow_run_id for r in records if r.mlflow_run_id]:
+            print(f"Compare this sweep's runs: {tracking.compare_url(uri, experiment, ids)}")
+    except Exception as err:  # noqa: BLE001 - the landing is a convenience; the runs are logged already
+        say(f"warning: could not log the sweep's figures on its parent run ({type(err).__name__}: {redact(str(err))[:200]})")
+
+
 REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
 
 
@@ -128,5 +147,6 @@ class SweepCallback(Callback):
         uri = tracking.resolve_uri(config.tracking.uri)
         records = results.read_all(sweep_dir, on_error=lambda err: say(f"warning: {err}"))
         summarize(records, f"sweep {sweep_dir}", uri, wall_s=time.time() - sweep["started"])
+        land(uri, sweep.get("parent_run_id"), config.tracking.experiment, records, sweep_dir)
         close_parent(uri, sweep.get("parent_run_id"), "FAILED" if exit_code(records) else "FINISHED",
                      failure_summary(records))

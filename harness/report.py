@@ -155,5 +155,15 @@ def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path) -> tu
     return text, made, parent.info.run_id
 
 
+def from_records(records, title: str, out_dir: Path) -> list[Path]:
+    """summary.md and the plots of a sweep that just ended, from its result files (no store query)."""
+    from harness.summary import row
+
+    rows = [row(r) for r in records]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.md").write_text(f"# {title}\n\n{table_markdown(rows)}\n")
+    return [out_dir / "summary.md", *plots(rows, out_dir)]
+
+
 def default_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="harness-report-"))

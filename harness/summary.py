@@ -63,7 +63,26 @@ def row(record: JobRecord) -> dict:
             "model": model.get("name"), "cache_len": c.get("cache_len"), "bs": c.get("bs"),
             "context_len": c.get("context_len", c.get("prompt_len")), "dtype": c.get("dtype"),
             "median_ms": record.metrics.get("step_ms_median"),
-            "ci_low": record.metrics.get("step_ms_ci_low"), "ci_high": record.metrics.get("step_ms_ci_high")}
+            "ci_low": record.metrics.get("step_ms_ci_low"), "ci_high": record.metrics.get("step_ms_ci_high"),
+            "ci_pct": record.metrics.get("step_ms_ci_pct"), "noisy": "noisy" in record.mode_tags,
+            "efficiency": record.metrics.get("efficiency"), "floor_ms": record.metrics.get("floor_ms"),
+            "reason": record.reason or "", "name": record.label}
+
+
+def parent_metrics(records: list[JobRecord]) -> dict[str, float]:
+    """What a sweep's parent run carries, so that MLflow's runs page charts it at first sight: per mode and
+    variant x bs (and model and context where the sweep varies them), the median and the speedup over eager."""
+    rows = [row(r) for r in records]
+    speedup = speedups(rows)
+    varied = [k for k in ("model", "context_len") if len({r[k] for r in rows}) > 1]
+    metrics = {"jobs_finished": float(sum(r["status"] == "FINISHED" for r in rows)),
+               "jobs_failed": float(sum(not rec.ok for rec in records))}
+    for r in (r for r in rows if r["status"] == "FINISHED" and r["median_ms"]):
+        name = "/".join([r["variant"].replace(" ", "_").replace("=", ""), *(f"{k}{r[k]}" for k in varied), f"bs{r['bs']}"])
+        metrics[f"median_ms/{name}"] = r["median_ms"]
+        if r["id"] in speedup:
+            metrics[f"speedup/{name}"] = speedup[r["id"]]
+    return metrics
 
 
 def table(results: list[JobRecord]) -> Table:

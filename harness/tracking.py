@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import os
 import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import yaml
 from mlflow.exceptions import MlflowException
@@ -217,6 +218,16 @@ def end_run(uri: str, run_id: str, status: str, reason: str | None = None) -> No
     if reason:
         client(uri).set_tag(run_id, "failure_reason", redact(reason)[:5000])
     client(uri).set_terminated(run_id, status=status)
+
+
+def compare_url(uri: str, experiment: str, run_ids: list[str]) -> str:
+    """MLflow's page comparing these runs side by side (metrics, params, charts), on the server the runs
+    live on, or on the `harness ui` this store would be browsed with."""
+    parsed = urlparse(uri)
+    base = (f"{parsed.scheme}://{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "") + parsed.path.rstrip("/")
+            if parsed.scheme in ("http", "https") else "http://127.0.0.1:5000")  # never the credentials
+    query = f"runs={quote(json.dumps(run_ids))}&experiments={quote(json.dumps([experiment_id(uri, experiment)]))}"
+    return f"{base}/#/compare-runs?{query}"
 
 
 def ui_command(uri: str) -> str:

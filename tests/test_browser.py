@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from harness import cli
 from tests.support import runs_by_kind
 
 pytestmark = pytest.mark.e2e  # real subprocesses of the CLI: run with `-m e2e`, left out of `-m "not e2e"`
@@ -34,4 +35,18 @@ def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
         page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
         median = f"{child.data.metrics['step_ms_median']:.3f}"[:4]  # the UI rounds; its leading digits agree
         assert median in page.content()
+        # the link the sweep printed opens MLflow's comparison of its runs, medians included
+        url = next(line.split(": ", 1)[1] for line in served_sweep.sweep.stdout.splitlines()
+                   if line.startswith("Compare this sweep's runs: "))
+        assert url.startswith(f"{server}/#/compare-runs?runs=")
+        page.goto(url, wait_until="load")
+        page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
+        for c in children:
+            assert f"{c.data.metrics['step_ms_median']:.3f}"[:4] in page.content()
+        # `harness compare` logs its files on the candidate's parent: the sweep against itself, all `same`
+        assert cli.main(["compare", parent.info.run_id, parent.info.run_id, "--tracking-uri", served_sweep.uri,
+                         "--out", str(served_sweep.root / "cmp")]) == 0
+        page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}/artifacts", wait_until="load")
+        page.get_by_text("compare", exact=True).first.click(timeout=60_000)
+        page.get_by_text("compare.md").first.wait_for(timeout=60_000)
         browser.close()

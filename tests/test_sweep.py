@@ -28,6 +28,16 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
     assert parent.info.status == "FINISHED"
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     assert sorted(c.info.run_name for c in children) == ["tiny bs=1 ctx=8 cache=64 eager", "tiny bs=2 ctx=8 cache=64 eager"]
+    # the parent is MLflow's landing: per mode x bs medians and speedups, the plots, a link comparing the runs
+    by_bs = {c.data.params["bs"]: c for c in children}
+    assert parent.data.metrics["median_ms/eager/bs2"] == by_bs["2"].data.metrics["step_ms_median"]
+    assert parent.data.metrics["speedup/eager/bs1"] == 1.0 and parent.data.metrics["jobs_finished"] == 2
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
+        "report/summary.md", "report/latency_vs_bs.png", "report/speedup_vs_bs.png", "report/latency_vs_context_len.png"}
+    ids = sorted(c.info.run_id for c in children)
+    url = next(line for line in proc.stdout.splitlines() if line.startswith("Compare this sweep's runs: "))
+    assert url.startswith("Compare this sweep's runs: http://127.0.0.1:5000/#/compare-runs?runs=")
+    assert all(i in url for i in ids)
 
     for child in children:
         assert child.info.status == "FINISHED"
