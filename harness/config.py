@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -62,6 +62,9 @@ class ModelConfig:
     rope_theta: float
     tie_word_embeddings: bool
     max_position_embeddings: int
+    # Other keys of the model's config.json that its architecture needs (rope_scaling, mixture-of-experts
+    # sizes), passed to the transformers config as they are.
+    extra: Dict[str, Any] = field(default_factory=dict)
     # A local checkpoint directory (config.json + *.safetensors) or a hub id; None = seeded random weights.
     weights: Optional[str] = None
     # Merge q/k/v into one linear and gate/up into one: fewer, larger GEMMs per layer, same outputs.
@@ -78,8 +81,8 @@ class ModelConfig:
 
     def architecture(self) -> dict[str, Any]:
         """The keyword arguments of the transformers config class."""
-        return {k: v for k, v in self.__dict__.items()
-                if k not in ("name", "model_type", "weights", "fuse_projections")}
+        return {**{k: v for k, v in self.__dict__.items()
+                   if k not in ("name", "model_type", "weights", "fuse_projections", "extra")}, **self.extra}
 
 
 @dataclass

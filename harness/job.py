@@ -180,7 +180,8 @@ def seeded_prompt(bs: int, context_len: int, vocab: int, seed: int, device: torc
 def _architecture(model: torch.nn.Module) -> dict:
     c = model.config
     keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
+            "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
+            "num_experts", "num_experts_per_tok", "moe_intermediate_size")
     arch = {k: getattr(c, k, None) for k in keys}
     arch["parameters"] = sum(p.numel() for p in model.parameters())
     return arch

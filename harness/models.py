@@ -58,11 +58,7 @@ def release_models() -> None:
 
 def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device, seed: int):
     if cfg.weights is None:
-        config = AutoConfig.for_model(cfg.model_type, **cfg.architecture())
-        torch.manual_seed(seed)
-        with torch.device(device):  # initialise in place: no host copy of 0.6B parameters
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
-        return model, "random", f"seed={seed}"
+        return random_model(cfg, dtype, attn, device, seed), "random", f"seed={seed}"
     path = Path(cfg.weights).expanduser()
     kind = "checkpoint" if path.is_dir() else "hub"
     if kind == "checkpoint" and not any(path.glob("*.safetensors")):
@@ -78,14 +74,32 @@ def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device,
     return model.to(device), kind, source
 
 
+def random_model(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device, seed: int) -> nn.Module:
+    """The architecture on the meta device (no memory, no initialisation), its storage allocated on the
+    device (no host copy), then initialised once, seeded, by transformers' own initialisation (which also
+    computes the rotary tables): seconds for a 30B mixture of experts."""
+    config = AutoConfig.for_model(cfg.model_type, **cfg.architecture())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    model.to_empty(device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
 def check_architecture(cfg: ModelConfig, found) -> None:
     """A checkpoint must hold the preset's architecture, or its runs would carry the preset's name and
     numbers for another model."""
     def value(key):  # transformers 5 keeps rope_theta among rope_parameters
         return getattr(found, key, None) if hasattr(found, key) else (getattr(found, "rope_parameters", None) or {}).get(key)
 
+    def same(key, want):  # a dict (rope_scaling) matches where every key given matches
+        got = value(key)
+        return all((got or {}).get(k) == v for k, v in want.items()) if isinstance(want, dict) else got == want
+
     expected = {"model_type": cfg.model_type, **cfg.architecture()}
-    differ = [f"{k}={value(k)} (model={cfg.name} has {v})" for k, v in expected.items() if value(k) != v]
+    differ = [f"{k}={value(k)} (model={cfg.name} has {v})" for k, v in expected.items() if not same(k, v)]
     if differ:
         raise ConfigError(f"model.weights={cfg.weights} is not a {cfg.name}: " + ", ".join(differ)
                           + "; pick the model preset of that checkpoint, or a new conf/model/ file for it")
@@ -138,6 +152,8 @@ def fuse_projections(model: nn.Module) -> int:
     for layer in model.model.layers:
         for owner_name, names in FUSABLE:
             owner = getattr(layer, owner_name)
+            if not all(isinstance(getattr(owner, n, None), nn.Linear) for n in names):
+                continue  # a mixture of experts has no gate/up pair to fuse
             shared = SharedInputLinear([getattr(owner, n) for n in names])
             owner.add_module(f"fused_{'_'.join(n.split('_')[0] for n in names)}", shared)
             for i, name in enumerate(names):

@@ -41,15 +41,29 @@ def _shape(arch: dict) -> tuple[int, ...]:
             arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"])
 
 
-def _dense(arch: dict, rows: int) -> tuple[int, int, int]:
-    """Elements of weights read, of activations moved, and matmul weights, for a step of `rows` rows."""
+def experts_touched(arch: dict, rows: int) -> float:
+    """Experts a step of `rows` rows reads, expected under uniform routing: E x (1 - (1 - k/E)^rows)."""
+    experts, k = arch["num_experts"], arch["num_experts_per_tok"]
+    return experts * (1 - (1 - k / experts) ** rows)
+
+
+def _dense(arch: dict, rows: int) -> tuple[float, int, int]:
+    """Elements of weights read, of activations moved, and matmul weights each row multiplies by, for a step
+    of `rows` rows. A mixture of experts reads its router and the experts its rows touch; a row multiplies
+    by its k experts."""
     h, inter, layers, heads, kv_heads, hd, vocab = _shape(arch)
     q_dim, kv_dim = heads * hd, kv_heads * hd
-    matmul_weights = layers * (h * (q_dim + 2 * kv_dim) + q_dim * h + 3 * h * inter) + vocab * h  # + lm_head
+    attention = layers * (h * (q_dim + 2 * kv_dim) + q_dim * h) + vocab * h  # + lm_head
+    if arch.get("num_experts"):
+        inter, expert = arch["num_experts_per_tok"] * arch["moe_intermediate_size"], 3 * h * arch["moe_intermediate_size"]
+        mlp_read, mlp_per_row = layers * (h * arch["num_experts"] + experts_touched(arch, rows) * expert), \
+            layers * (h * arch["num_experts"] + arch["num_experts_per_tok"] * expert)
+    else:
+        mlp_read = mlp_per_row = layers * 3 * h * inter
     norm_weights = layers * (2 * h + 2 * hd) + h  # input/post-attention norms, q/k norms, final norm
-    weights = matmul_weights + norm_weights + rows * h  # the rows' embedding lookups
+    weights = attention + mlp_read + norm_weights + rows * h  # the rows' embedding lookups
     activations = layers * rows * (10 * h + 3 * inter + 2 * (q_dim + 2 * kv_dim)) + 2 * rows * vocab
-    return weights, activations, matmul_weights
+    return weights, activations, attention + mlp_per_row
 
 
 def _kv_per_slot(arch: dict) -> int:

@@ -13,6 +13,7 @@ from harness.config import CONF_DIR, GROUPS, ConfigError, ModelConfig, RunConfig
 from harness.record import flatten
 
 RENAMED = {"prompt_len": "context_len"}  # keys of saved configs from earlier versions, and their names now
+OPEN = ("model.extra",)  # free-form keys (a model type's own config.json keys): anything under them is valid
 
 
 def model_preset(name: str) -> DictConfig:
@@ -38,7 +39,7 @@ def check_keys(keys) -> None:
     for key in keys:
         if key in RENAMED:
             raise ConfigError(f"{key} is now called {RENAMED[key]}: use {RENAMED[key]}=N")
-        if key not in known:
+        if key not in known and not any(key.startswith(f"{o}.") for o in OPEN):
             near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             raise ConfigError(f"{key} is not a config key" + (f": did you mean {near[0]}?" if near else
                               f"; the keys are {', '.join(known)}"))

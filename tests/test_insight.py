@@ -104,3 +104,18 @@ def test_the_context_plot_has_a_line_per_mode_and_attn_and_the_floor(monkeypatch
     assert sorted(series) == [("qwen3-0.6b", "graphed"), ("qwen3-0.6b", "graphed flex")]
     assert series[("qwen3-0.6b", "graphed flex")] == [(1024, 2.0), (4096, 8.0), (16384, 32.0)]
     assert floors == {("qwen3-0.6b", "floor"): {(1024, 0.25), (4096, 1.0), (16384, 4.0)}}
+
+
+@pytest.mark.parametrize("name, count", [("llama-3.2-1b", 1_235_814_400), ("llama-3.1-8b", 8_030_261_248),
+                                         ("qwen3-30b-a3b", 30_532_122_624)])
+def test_presets_are_the_published_architectures(name, count):
+    assert parameters(name) == count  # the parameter counts the model cards publish
+
+
+def test_a_mixture_of_experts_reads_the_experts_its_rows_touch():
+    arch = run_config("model=qwen3-30b-a3b").model.architecture()
+    active = step_cost(arch, 1, 256, 2)["weight_bytes"] / 2  # one row: its 8 experts of 128 in each layer
+    assert 2.9e9 < active < 3.2e9  # "A3B": 3.3 B active, of which the 0.31 B embedding table is one row here
+    rows = 4096  # so many rows touch every expert: the whole model but the embedding table, once
+    every = step_cost(arch, rows, 256, 2)["weight_bytes"] / 2 - rows * 2048
+    assert every == pytest.approx(30_532_122_624 - 151936 * 2048, rel=1e-6)

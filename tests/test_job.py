@@ -68,15 +68,24 @@ def test_step_stats_on_known_values():
     assert s["p90"] == pytest.approx(7.6)
 
 
-def test_a_local_checkpoint_loads_as_safetensors(tmp_path):
-    cfg = run_config(*FAST, "device=cpu", "dtype=fp32")
+TINY_DIMS = ["model.vocab_size=1024", "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
+             "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16"]
+FAMILIES = {"qwen3": ["model=tiny"], "llama": ["model=llama-3.2-1b", *TINY_DIMS],
+            "qwen3_moe": ["model=qwen3-30b-a3b", *TINY_DIMS, "model.extra.num_experts=4",
+                          "model.extra.num_experts_per_tok=2", "model.extra.moe_intermediate_size=32"]}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_local_checkpoint_loads_as_safetensors(tmp_path, family):
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", *FAMILIES[family])
+    assert cfg.model.model_type == family
     reference = models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=11)[0]
     reference.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
     assert list((tmp_path / "ckpt").glob("*.safetensors"))
 
-    loaded = run_config(*FAST, "device=cpu", "dtype=fp32", f"model.weights={tmp_path / 'ckpt'}")
+    loaded = run_config(*FAST, "device=cpu", "dtype=fp32", *FAMILIES[family], f"model.weights={tmp_path / 'ckpt'}")
     result = measure(loaded)
-    assert result.weights == "checkpoint"
+    assert result.weights == "checkpoint" and result.failure is None
     assert result.weights_source == str((tmp_path / "ckpt").resolve())
 
     model = models.get_model(loaded.model, "fp32", "sdpa", torch.device("cpu"), 0).model
