@@ -92,6 +92,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     if is_noisy(metrics):
         stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
     arch = _architecture(model)
+    metrics["parameters"] = float(arch["parameters"])  # the model's size, an axis of the reports
     metrics.update(_speed_of_light(arch, cfg, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
     if cfg.profile and device.type == "cuda":
         on_phase("profile")

@@ -37,7 +37,7 @@ def _row(run, note: str) -> dict:
         "cache_len": _int(p.get("cache_len")), "context_len": _int(p.get("context_len", p.get("prompt_len"))), "dtype": p.get("dtype"),
         "median_ms": m.get("step_ms_median"), "ci_low": m.get("step_ms_ci_low"), "ci_high": m.get("step_ms_ci_high"),
         "ci_pct": m.get("step_ms_ci_pct"), "noisy": "noisy" in t,
-        "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"),
+        "efficiency": m.get("efficiency"), "floor_ms": m.get("floor_ms"), "parameters": m.get("parameters"),
         "reason": t.get("failure_reason", ""),
     }
 
@@ -83,7 +83,11 @@ def _cell(row: dict, speedup: str) -> str:
 
 PLOTS = (("latency_vs_bs", "bs", "median_ms", "median ms/step"),
          ("speedup_vs_bs", "bs", "speedup", "speedup over eager"),
-         ("latency_vs_context_len", "context_len", "median_ms", "median ms/step (dashed: the useful floor)"))
+         ("latency_vs_context_len", "context_len", "median_ms", "median ms/step (dashed: the useful floor)"),
+         ("speedup_vs_model_size", "parameters", "speedup", "speedup over eager"),
+         ("latency_vs_model_size", "parameters", "median_ms", "median ms/step (dashed: the useful floor)"))
+# the other keys that split a plot's lines (a derived cache follows the context; the model is the size)
+SPLIT_BY = {"context_len": ("bs",), "parameters": ("bs", "context_len")}
 
 
 def plots(rows: list[dict], out_dir: Path) -> list[Path]:
@@ -91,14 +95,16 @@ def plots(rows: list[dict], out_dir: Path) -> list[Path]:
     ok = [{**r, "speedup": speedup.get(r["id"])} for r in rows if r["status"] == "FINISHED"]
     made = []
     for name, x, y, ylabel in PLOTS:
-        keys = ("bs",) if x == "context_len" else ("context_len", "cache_len")  # a derived cache follows the context
-        others = [k for k in keys if k != x and len({r[k] for r in ok}) > 1]
+        if x == "parameters" and len({r.get(x) for r in ok}) < 2:
+            continue  # one model: no size axis
+        others = [k for k in SPLIT_BY.get(x, ("context_len", "cache_len")) if len({r[k] for r in ok}) > 1]
+        model = (lambda r: ()) if x == "parameters" else (lambda r: (r["model"],))  # noqa: E731
         series: dict[tuple, list[tuple]] = defaultdict(list)
         for r in (r for r in ok if r[y] is not None):
-            series[(r["model"], r["variant"], *(f"{k}={r[k]}" for k in others))].append((r[x], r[y]))
+            series[(*model(r), r["variant"], *(f"{k}={r[k]}" for k in others))].append((r[x], r[y]))
         floors: dict[tuple, set] = defaultdict(set)
-        for r in (r for r in ok if x == "context_len" and r["floor_ms"] is not None):
-            floors[(r["model"], "floor", *(f"{k}={r[k]}" for k in others))].add((r[x], r["floor_ms"]))
+        for r in (r for r in ok if y == "median_ms" and x in SPLIT_BY and r["floor_ms"] is not None):
+            floors[(*model(r), "floor", *(f"{k}={r[k]}" for k in others))].add((r[x], r["floor_ms"]))
         if series:
             made.append(_draw(series, floors, x, ylabel, out_dir / f"{name}.png"))
     return made

@@ -17,6 +17,7 @@ from harness.config import ConfigError, config_hash
 from harness.validate import to_run_config
 from harness.labels import run_label
 from harness.job import JobError, measure
+from harness.modes.base import CaptureError
 from harness.progress import say
 from harness.record import JobRecord, flatten
 from harness.redact import redact, redact_tree
@@ -75,7 +76,7 @@ def _run(cfg: DictConfig, ctx: JobContext, record: JobRecord, progress) -> None:
             _note_resumed(ctx, done)
             return
         record.measured(measure(run_cfg, on_phase=progress, artifacts_dir=ctx.job_dir))
-    except (ConfigError, JobError) as err:
+    except (ConfigError, JobError, CaptureError) as err:
         record.status, record.reason = "FAILED", redact(str(err))
     except Exception as err:  # noqa: BLE001 - anything else: the traceback beside the result, not on screen
         record.status, record.reason = "FAILED", redact(f"{type(err).__name__}: {err}".splitlines()[0])

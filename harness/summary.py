@@ -66,7 +66,7 @@ def row(record: JobRecord) -> dict:
             "ci_low": record.metrics.get("step_ms_ci_low"), "ci_high": record.metrics.get("step_ms_ci_high"),
             "ci_pct": record.metrics.get("step_ms_ci_pct"), "noisy": "noisy" in record.mode_tags,
             "efficiency": record.metrics.get("efficiency"), "floor_ms": record.metrics.get("floor_ms"),
-            "reason": record.reason or "", "name": record.label}
+            "parameters": record.metrics.get("parameters"), "reason": record.reason or "", "name": record.label}
 
 
 def parent_metrics(records: list[JobRecord]) -> dict[str, float]:

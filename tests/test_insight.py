@@ -119,3 +119,21 @@ def test_a_mixture_of_experts_reads_the_experts_its_rows_touch():
     rows = 4096  # so many rows touch every expert: the whole model but the embedding table, once
     every = step_cost(arch, rows, 256, 2)["weight_bytes"] / 2 - rows * 2048
     assert every == pytest.approx(30_532_122_624 - 151936 * 2048, rel=1e-6)
+
+
+def test_a_model_sweep_plots_speedup_and_latency_against_model_size(monkeypatch, tmp_path):
+    drawn = {}
+    monkeypatch.setattr(report, "_draw", lambda series, floors, x, ylabel, path: drawn.setdefault(path.stem, (series, floors)))
+    sizes = {"qwen3-0.6b": 0.75e9, "qwen3-8b": 8.2e9}
+    rows = [dict(id=f"{m}{mode}{bs}", status="FINISHED", model=m, cache_len=256, bs=bs, context_len=16, dtype="bf16",
+                 mode=mode, variant=mode, median_ms=ms * size / 1e9, efficiency=0.5, floor_ms=size / 4e9,
+                 parameters=size, reason="", ci_low=None, ci_high=None)
+            for m, size in sizes.items() for bs in (1, 8) for mode, ms in (("eager", 20.0), ("graphed", 5.0))]
+    report.plots(rows, tmp_path)
+    series, floors = drawn["speedup_vs_model_size"]
+    assert series[("graphed", "bs=8")] == [(0.75e9, 4.0), (8.2e9, 4.0)]  # one line per mode and bs, across models
+    series, floors = drawn["latency_vs_model_size"]
+    assert floors[("floor", "bs=1")] == {(0.75e9, 0.1875), (8.2e9, 2.05)}
+    drawn.clear()
+    report.plots([r for r in rows if r["model"] == "qwen3-8b"], tmp_path)  # one model: no size plots
+    assert sorted(drawn) == ["latency_vs_bs", "latency_vs_context_len", "speedup_vs_bs"]

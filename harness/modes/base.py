@@ -54,6 +54,10 @@ def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torc
     return cache
 
 
+class CaptureError(RuntimeError):
+    """A mode that cannot run this model (its step cannot be captured): the run's recorded reason."""
+
+
 class Stepper:
     graph_bytes: int = 0  # memory held by the stepper's graphs
     tokens_per_step: int = 1

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from harness.modes.base import DecodeMode, Stepper
+from harness.modes.base import CaptureError, DecodeMode, Stepper
 
 SIDE_STREAM_WARMUP = 3  # as the article: lazy init (cuBLAS workspace, kernels) must happen before capture
 
@@ -55,7 +55,11 @@ class GraphedStepper(Stepper):
         fn = self._k_steps if self.feeds_itself else super().step
         start = time.perf_counter()
         warm_up_on_side_stream(fn)
-        self.graph, self.logits, self.graph_bytes = capture(fn, pool)
+        try:
+            self.graph, self.logits, self.graph_bytes = capture(fn, pool)
+        except RuntimeError as err:  # e.g. a mixture of experts whose routing asks the host how many tokens
+            raise CaptureError(f"this model's decode step cannot be captured in a CUDA graph: "
+                               f"{str(err).strip().splitlines()[0][:300]} (an op in it syncs with the host)") from err
         torch.cuda.synchronize()
         self.metrics["capture_ms"] = (time.perf_counter() - start) * 1e3  # side-stream warm-up + capture
         return self
