@@ -124,10 +124,7 @@ def _draw(series: dict, floors: dict, x: str, ylabel: str, path: Path) -> Path:
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def ratio_plot(pairs, path: Path) -> Path:
@@ -139,6 +136,10 @@ def ratio_plot(pairs, path: Path) -> Path:
     ax.axvline(1.0, color="grey", linestyle="--")
     ax.set_yticks(list(y), [p.label for p in pairs], fontsize=7)
     ax.set_xlabel("candidate / baseline median step time (95% interval)")
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -34,7 +34,7 @@ def test_item1_no_secret_reaches_a_store_a_file_or_the_console(served_sweep):
     proc, root = served_sweep.sweep, served_sweep.root
     assert proc.returncode == 0, proc.stderr
     report = run_harness("--tracking-uri", served_sweep.uri, "report", "--out", "rep", cwd=root)  # a server too
-    assert report.returncode == 0 and "| tiny | 64 | 1 |" in report.stdout and "| tiny | 64 | 2 |" in report.stdout
+    assert report.returncode == 0 and "| tiny | 8 | 64 | 1 |" in report.stdout and "| tiny | 8 | 64 | 2 |" in report.stdout
     assert SECRET not in proc.stdout + proc.stderr + report.stdout + report.stderr
     leaks = [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaks == []  # the server's database and artifacts, outputs/ (result.json, .hydra, sweep.json)
@@ -145,7 +145,7 @@ def test_items13_15_and_17_report_on_a_resumed_sweep(workdir, capsys):
     report = run_harness("--tracking-uri", f"sqlite:///{db}", "report", "--out", "rep", cwd=workdir)
     assert report.returncode == 0, report.stderr
     for bs, cache in ((1, 64), (2, 64), (1, 128), (2, 128)):  # the skipped jobs shown by their original runs
-        row = next(line for line in report.stdout.splitlines() if line.startswith(f"| tiny | {cache} | {bs} |"))
+        row = next(line for line in report.stdout.splitlines() if line.startswith(f"| tiny | 8 | {cache} | {bs} |"))
         assert " ms ±" in row and "1.00x" in row and "FAILED: mode=graphed needs a CUDA GPU" in row
     assert "wrote summary.md, latency_vs_bs.png, speedup_vs_bs.png, latency_vs_context_len.png" in report.stdout
     for png in ("latency_vs_bs.png", "speedup_vs_bs.png", "latency_vs_context_len.png"):
