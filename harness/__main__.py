@@ -1,5 +1,5 @@
 """`python -m harness [overrides]` / `harness [overrides]`: one Hydra job per call, or a sweep with -m.
-`harness report|rerun|sync|ui ...`: the subcommands in cli.py."""
+`harness report|rerun|sync|compare|export|ui ...`: the subcommands in cli.py."""
 from __future__ import annotations
 
 import signal
@@ -15,7 +15,9 @@ from harness.validate import check_overrides
 USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m harness works the same)
        harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each
        harness report [SWEEP_RUN_ID] | rerun RUN_ID [KEY=VALUE ...] | sync OUTPUT_DIR | ui
-       harness --tracking-uri URI COMMAND ...     report, rerun, sync and ui against another store
+       harness compare BASELINE CANDIDATE [--ignore KEY] [--threshold 3%]   exit 1 when a run got slower
+       harness export RUN_ID|DIR [--format csv|json]   one row per run: config, statistics, environment
+       harness --tracking-uri URI COMMAND ...     any subcommand against another store
        harness --version | --help | --hydra-help  (Hydra's own flags, --cfg job among them, work as in any Hydra app)
 
 The keys, their defaults and meanings are in the README's table (the schema is harness/config.py);
