@@ -97,7 +97,7 @@ def test_items7_10_and_14_rerun_errors_are_one_line_and_a_resumed_run_measures_a
     (child,) = runs_by_kind(store(workdir))[2]
     run_id = child.info.run_id
     for bad, says in (("foo=1", "foo is not a config key"), ("decode_tokens", "'decode_tokens' is not KEY=VALUE"),
-                      ("model=llama-9000", "model=llama-9000 is not a model preset: use one of qwen3-0.6b"),
+                      ("model=llama-9000", "model=llama-9000 is not a model preset: use one of llama-3.1-8b, llama-3.2-1b, qwen3-0.6b"),
                       ("mode=foo", "mode=foo is invalid: use one of eager"),
                       ("bs=abc", "Value 'abc' of type 'str' could not be converted to Integer")):
         assert says in one_line_error(capsys, "rerun", run_id, bad)
