@@ -140,6 +140,9 @@ class RunConfig:
                  + (f" + profile_steps ({self.profile_steps})" if self.profile else "")
                  + (f", in whole replays of graph_steps={k}," if k > 1 else "")
                  + f" = {needed} tokens must fit; use cache_len>={needed}, or leave it out (cache_len=null)")
+        _require(self.attn != Attn.flex or self.cache_len % 128 == 0,
+                 f"cache_len={self.cache_len} is invalid with attn=flex: flex reads the cache in blocks of 128 "
+                 f"slots; use a multiple of 128 (e.g. {_round_up(self.cache_len, 128)}), or leave it out")
         _require(bool(_DEVICE.match(self.device)),
                  f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
 
