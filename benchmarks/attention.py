@@ -50,6 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replays", type=int, default=200)
     args = ap.parse_args()
+    attention.use_flex()
     bandwidth = ceilings(torch.device("cuda"))["copy_bytes_per_s"]
     print(f"| bs | cache | valid | {' | '.join(BACKENDS)} | valid-KV floor |")
     print("|---:|---:|---:|" + "---:|" * (len(BACKENDS) + 1))

@@ -16,7 +16,6 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -66,22 +65,34 @@ def _reference_flex_decode(*args):
         return flex_decode(*args)
 
 
-torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a kernel per shape
-_compiled_flex_decode = torch.compile(flex_decode, fullgraph=True, dynamic=False)  # compiles at its first call
+flex_attention = BlockMask = flex_decode_op = None  # set by use_flex()
 
 
-@torch.library.custom_op("harness::flex_decode", mutates_args=())
-def flex_decode_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
-                   scale: float) -> torch.Tensor:
-    """flex decode as one opaque op, so that a model compiled around it (mode=compiled) calls its own compiled
-    kernel instead of fusing the mask_mod's position into its template (Inductor 2.11 then emits Triton that
-    does not compile: "XBLOCK is not defined"). Inside a CUDA graph it is captured like any kernel."""
-    return _compiled_flex_decode(query, key, value, position, scale).contiguous()
+def use_flex() -> None:
+    """Import flex and register its compiled decode op, once, when a model is built with attn=flex: the import
+    costs seconds (torch._dynamo) that no other backend should pay, and a registration during a compile's
+    tracing would fail. The op is opaque, so that a model compiled around it (mode=compiled) calls flex's own
+    compiled kernel instead of fusing the mask_mod's position into its template (Inductor 2.11 then emits
+    Triton that does not compile: "XBLOCK is not defined"). Inside a CUDA graph it is captured like any kernel."""
+    global flex_attention, BlockMask, flex_decode_op
+    if flex_decode_op is not None:
+        return
+    from torch.nn.attention import flex_attention as flex
 
+    flex_attention, BlockMask = flex.flex_attention, flex.BlockMask
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a kernel per shape
+    compiled = torch.compile(flex_decode, fullgraph=True, dynamic=False)  # compiles at its first call
 
-@flex_decode_op.register_fake
-def _(query, key, value, position, scale):
-    return query.new_empty(query.shape)
+    @torch.library.custom_op("harness::flex_decode", mutates_args=())
+    def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
+           scale: float) -> torch.Tensor:
+        return compiled(query, key, value, position, scale).contiguous()
+
+    @op.register_fake
+    def _(query, key, value, position, scale):
+        return query.new_empty(query.shape)
+
+    flex_decode_op = op
 
 
 def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-import harness.attention  # noqa: F401 - registers the attention backends with transformers
+from harness import attention  # registers the attention backends with transformers
 from harness.config import ConfigError, ModelConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -57,6 +57,8 @@ def release_models() -> None:
 
 
 def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device, seed: int):
+    if attn == "flex":
+        attention.use_flex()
     if cfg.weights is None:
         return random_model(cfg, dtype, attn, device, seed), "random", f"seed={seed}"
     path = Path(cfg.weights).expanduser()

@@ -60,6 +60,7 @@ def test_flex_decode_reads_the_valid_prefix_only(position):
     q = torch.randn(2, 4, 1, 16, generator=g)
     k, v = (torch.randn(2, 2, 256, 16, generator=g) for _ in range(2))
     k[:, :, position + 1:], v[:, :, position + 1:] = 1e4, -1e4
+    attention.use_flex()
     pos = torch.tensor(position)
     expected = F.scaled_dot_product_attention(q, k[:, :, :position + 1], v[:, :, :position + 1], enable_gqa=True)
     got = attention.flex_decode(q, k, v, pos, None)
