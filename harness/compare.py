@@ -84,20 +84,25 @@ def comparable(record: JobRecord) -> bool:
 
 
 def compare(base: list[JobRecord], cand: list[JobRecord], ignore: list[str], threshold: float):
-    """The pairs, and the runs of each side left without a partner (or not comparable), with why."""
-    by_key = {match_key(r, ignore): r for r in base if comparable(r)}
-    pairs, unmatched, used = [], [], set()
+    """The pairs, and the runs of each side left without a partner (or not comparable), with why. Where a
+    side holds a config twice, the first of each side pair up and the others are listed."""
+    waiting: dict[str, list[JobRecord]] = {}
+    for r in (r for r in base if comparable(r)):
+        waiting.setdefault(match_key(r, ignore), []).append(r)
+    pairs, unmatched, paired = [], [], set()
     for r in cand:
         key = match_key(r, ignore)
         if not comparable(r):
             unmatched.append(("candidate", r.label, f"not comparable: {r.status}"))
-        elif key in by_key and key not in used:
-            pairs.append(pair(by_key[key], r, threshold))
-            used.add(key)
+        elif key in paired or key not in waiting:
+            unmatched.append(("candidate", r.label, "another run of a config already paired" if key in paired
+                              else "no baseline run with this config"))
         else:
-            unmatched.append(("candidate", r.label, "no baseline run with this config"))
-    unmatched += [("baseline", r.label, "no candidate run with this config" if comparable(r) else
-                   f"not comparable: {r.status}") for r in base if not comparable(r) or match_key(r, ignore) not in used]
+            pairs.append(pair(waiting[key].pop(0), r, threshold))
+            paired.add(key)
+    unmatched += [("baseline", r.label, f"not comparable: {r.status}") for r in base if not comparable(r)]
+    unmatched += [("baseline", r.label, "no candidate run with this config" if key not in paired else
+                   "another run of a config already paired") for key, rest in waiting.items() for r in rest]
     return pairs, unmatched
 
 

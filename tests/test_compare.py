@@ -15,12 +15,13 @@ from harness.record import JobRecord
 from tests.support import FAST, run_harness, runs_by_kind, store
 
 
-def _record(bs: int, median: float, env: dict | None = None, seed: int = 0, **config) -> JobRecord:
+def _record(bs: int, median: float, env: dict | None = None, seed: int = 0, status: str = "FINISHED",
+            **config) -> JobRecord:
     rng = np.random.default_rng(seed)
     steps = list(median * (1 + 0.002 * rng.standard_normal(3 * 64)))  # 3 blocks of 64 steps, ±0.2% noise
     return JobRecord(label=f"tiny bs={bs}", config={"bs": bs, "mode": "eager", "repeats": 3, "tracking": {"uri": "x"},
                                                     **config},
-                     status="FINISHED", step_ms=steps, environment=env or {"torch": "2.11"})
+                     status=status, step_ms=steps, environment=env or {"torch": "2.11"})
 
 
 def test_verdicts_come_from_the_ratio_interval_at_the_threshold():
@@ -75,3 +76,13 @@ def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_paren
     rows = list(csv.DictReader(exported.open()))
     assert sorted(r["config.bs"] for r in rows) == ["1", "2"] and all(float(r["metric.step_ms_median"]) > 0 for r in rows)
     assert all(r["env.torch"] and r["status"] == "FINISHED" for r in rows)
+
+
+def test_a_config_run_twice_pairs_once_and_the_others_are_listed():
+    base = [_record(1, 10.0), _record(1, 10.0, seed=5), _record(2, 10.0, status="FAILED")]
+    cand = [_record(1, 10.0, seed=6), _record(1, 10.0, seed=7)]
+    pairs, unmatched = compare(base, cand, [], 0.03)
+    assert len(pairs) == 1
+    assert sorted(unmatched) == [("baseline", "tiny bs=1", "another run of a config already paired"),
+                                 ("baseline", "tiny bs=2", "not comparable: FAILED"),
+                                 ("candidate", "tiny bs=1", "another run of a config already paired")]
