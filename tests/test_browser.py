@@ -19,10 +19,10 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 def _shows(page, value: float, timeout_s: float = 60) -> bool:
     """The page shows the value, as the UI rounds it (the table fills in after the page's first render)."""
-    forms = {f"{value:.3f}"[:4], f"{value:.2f}", f"{value:.1f}"}
+    forms = {f"{value:.3f}"[:4], f"{value:.2f}", f"{value:.4g}", f"{value:.5g}"}  # 117.988: 117., 117.99, 118
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(form in page.content() for form in forms):
+        if any(form in page.inner_text("body") for form in forms):  # the visible text, not the page's CSS
             return True
         time.sleep(0.5)
     return False
