@@ -20,7 +20,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-FLEX_BLOCK = 128  # slots per block of flex's block mask: the granularity at which flex skips the cache
+from harness.config import FLEX_BLOCK
+
 
 
 def enable_gqa_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):

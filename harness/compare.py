@@ -16,12 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from harness import results, tracking
-from harness.config import NOT_IDENTITY, ConfigError
+from harness.config import ConfigError, identity
 from harness.record import JobRecord, flatten
 from harness.stats import bootstrap_medians
-
-DEFAULT_THRESHOLD = 0.03
-
 
 @dataclass
 class Side:
@@ -59,8 +56,8 @@ def load_side(uri: str, given: str) -> Side:
 
 def match_key(record: JobRecord, ignore: list[str]) -> str:
     """What a run measured: its config less where it is stored and less the ignored keys (and their subkeys)."""
-    flat = {k: v for k, v in flatten(record.config).items()
-            if k.split(".")[0] not in NOT_IDENTITY and not any(k == i or k.startswith(f"{i}.") for i in ignore)}
+    flat = {k: v for k, v in flatten(identity(record.config)).items()
+            if not any(k == i or k.startswith(f"{i}.") for i in ignore)}
     return json.dumps(flat, sort_keys=True, default=str)
 
 

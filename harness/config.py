@@ -36,7 +36,8 @@ class DType(Enum):
 # Decode attention backends (harness/attention.py): sdpa is transformers' own path (repeat_kv, then a masked
 # SDPA over every slot); sdpa-gqa attends on the KV heads without repeat_kv; flex reads only the valid prefix.
 Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "flex", "eager")})
-CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of flex's 128-slot blocks)
+FLEX_BLOCK = 128  # slots per block of flex's block mask: the granularity at which attn=flex skips the cache
+CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of FLEX_BLOCK)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -132,7 +133,7 @@ class RunConfig:
         self._check_graph_options()
         needed = self.slots_needed()
         if self.cache_len is None:
-            self.cache_len = _round_up(needed, CACHE_BLOCK)
+            self.cache_len = round_up(needed, CACHE_BLOCK)
         k = self.graph_steps
         _require(self.cache_len >= needed,
                  f"cache_len={self.cache_len} is too short: context_len ({self.context_len}) + warmup "
@@ -140,9 +141,9 @@ class RunConfig:
                  + (f" + profile_steps ({self.profile_steps})" if self.profile else "")
                  + (f", in whole replays of graph_steps={k}," if k > 1 else "")
                  + f" = {needed} tokens must fit; use cache_len>={needed}, or leave it out (cache_len=null)")
-        _require(self.attn != Attn.flex or self.cache_len % 128 == 0,
-                 f"cache_len={self.cache_len} is invalid with attn=flex: flex reads the cache in blocks of 128 "
-                 f"slots; use a multiple of 128 (e.g. {_round_up(self.cache_len, 128)}), or leave it out")
+        _require(self.attn != Attn.flex or self.cache_len % FLEX_BLOCK == 0,
+                 f"cache_len={self.cache_len} is invalid with attn=flex: flex reads the cache in blocks of {FLEX_BLOCK} "
+                 f"slots; use a multiple of {FLEX_BLOCK} (e.g. {round_up(self.cache_len, FLEX_BLOCK)}), or leave it out")
         _require(bool(_DEVICE.match(self.device)),
                  f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
 
@@ -167,8 +168,8 @@ class RunConfig:
         """Cache slots a job fills: the context, then warm-up and decode (and the profiler's steps) in whole
         replays of graph_steps tokens."""
         k = self.graph_steps
-        return self.context_len + _round_up(self.warmup, k) + _round_up(self.decode_tokens, k) \
-            + (_round_up(self.profile_steps, k) if self.profile else 0)
+        return self.context_len + round_up(self.warmup, k) + round_up(self.decode_tokens, k) \
+            + (round_up(self.profile_steps, k) if self.profile else 0)
 
     @property
     def label(self) -> str:
@@ -179,13 +180,17 @@ class RunConfig:
 NOT_IDENTITY = ("tracking", "resume", "profile", "profile_steps")
 
 
+def identity(config: dict) -> dict:
+    """What a job measures: its resolved config, less where it is stored and how it is scheduled."""
+    return {k: v for k, v in config.items() if k not in NOT_IDENTITY}
+
+
 def config_hash(config: dict) -> str:
     """A job's identity: the hash of its resolved config, less where it is stored."""
-    identity = {k: v for k, v in config.items() if k not in NOT_IDENTITY}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(identity(config), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _round_up(n: int, k: int) -> int:
+def round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from harness.attribution import nvtx_range, profile_steps
-from harness.config import RunConfig
+from harness.config import RunConfig, round_up
 from harness.environment import environment_tags, resolve_device
 from harness.gpu_state import GpuState
 from harness.models import DTYPES, LoadedModel, get_model
@@ -156,7 +156,7 @@ def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms:
     """Useful bytes and FLOPs per step (harness/roofline.py), what this implementation moves instead, and on a
     GPU the floor they set and how close the run came to it."""
     k = cfg.graph_steps
-    first = cfg.context_len + -(-cfg.warmup // k) * k  # the slot of the first timed step's token
+    first = cfg.context_len + round_up(cfg.warmup, k)  # the slot of the first timed step's token
     positions = range(first, first + cfg.decode_tokens)
     itemsize = DTYPES[cfg.dtype.value].itemsize
     cost = step_cost(arch, cfg.bs, first + (cfg.decode_tokens + 1) / 2, itemsize)

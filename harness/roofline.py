@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
+from harness.config import FLEX_BLOCK
 from harness.timing import median_call_ms
 
 CEILINGS_FILE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")) / "ceilings.json"
-FLEX_BLOCK = 128  # as harness.attention.FLEX_BLOCK (not imported: this module stays free of transformers)
 
 
 def _shape(arch: dict) -> tuple[int, ...]:

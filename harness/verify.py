@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.modes.base import kv_heads_and_dim
 from harness.modes.eager import EagerStepper
 from harness.timing import advance, calls_for
 
@@ -171,9 +172,8 @@ def _fp32_rows(fp32_model, stepper) -> int:
     if not stepper.input_ids.is_cuda:
         return most
     torch.cuda.empty_cache()  # the run's cache, just freed
-    c = fp32_model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * stepper.cache_len * 4
+    kv_heads, head_dim = kv_heads_and_dim(fp32_model.config)
+    per_row = 2 * fp32_model.config.num_hidden_layers * kv_heads * head_dim * stepper.cache_len * 4  # K and V, fp32
     return max(1, min(most, int(torch.cuda.mem_get_info()[0] / 2 // per_row)))
 
 

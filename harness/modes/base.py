@@ -45,12 +45,15 @@ def pad_rows(prompt: torch.Tensor, rows: int) -> torch.Tensor:
     return prompt if missing == 0 else torch.cat([prompt, prompt.new_zeros(missing, prompt.shape[1])])
 
 
+def kv_heads_and_dim(config) -> tuple[int, int]:
+    """The K/V heads a cache holds per layer, and their size."""
+    return config.num_key_value_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torch.device) -> StaticCache:
     """A StaticCache with its K/V allocated now, so that no graph pool ever holds it."""
-    c = model.config
-    cache = StaticCache(config=c, max_cache_len=cache_len)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    cache.early_initialization(rows, c.num_key_value_heads, head_dim, model.dtype, device)
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    cache.early_initialization(rows, *kv_heads_and_dim(model.config), model.dtype, device)
     return cache
 
 
