@@ -7,8 +7,9 @@ that a check at a long context needs no second cache and no second prefill.
 - Exact modes (eager, graphed, bucketed) run eager's own kernels with the run's attention backend. Every
   logit of every row must equal plain eager's at the same rows (a bucket's padding included), as far as
   eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
-  1024-slot cache is not, from about the 50th step). The loop's own tokens (warm-up and first timed block,
-  kept on the device) must each be eager's choice given the same history, or a tie within TIE_TOLERANCE.
+  1024-slot cache is not, from about the 50th step), measured again before a run fails. The loop's own
+  tokens (warm-up and first timed block, kept on the device) must each be eager's choice given the same
+  history, or a tie: within TIE_TOLERANCE, or twice eager's own variation over that history where it varies.
   A bucketed run's agreement with the unpadded batch is logged beside it.
 - Inexact modes (Inductor's kernels) and attention backends other than `sdpa` round differently. They are
   judged against an fp32 eager decode (sdpa attention) of the same model, prompt and tokens: their largest
@@ -20,7 +21,6 @@ that a check at a long context needs no second cache and no second prefill.
 """
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -33,6 +33,7 @@ from harness.timing import advance, calls_for
 VERIFY_TOKENS = 32  # steps compared logit by logit
 INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
 TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 on the H200 (docs/benchmarks.md)
+RECHECKS = 2  # more eager decodes that measure eager's own variation before a run fails for exceeding it
 FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
 FP32_TOKENS = 32768  # context tokens the fp32 reference prefills at most (rows x context_len): its prefill is slow
 
@@ -89,11 +90,15 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _exact(model, stepper, run: Trace, metrics) -> str | None:
     """Two plain eager decodes of the same rows, fed the run's tokens: the run may differ from eager no more
-    than eager differs from itself, which is not at all where its kernels are deterministic."""
+    than eager differs from itself, which is not at all where its kernels are deterministic. Before failing a
+    run, eager's own variation is measured again over RECHECKS more decodes: some of its kernels (cuDNN's
+    split-KV attention on the H200) vary only now and then."""
     k = stepper.tokens_per_step
     first = _forced(_eager_in(model, stepper), run.tokens, k)
     second = _forced(_eager_in(model, stepper), run.tokens, k)
     diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
+    for _ in range(RECHECKS if diff > 2 * own else 0):
+        own = max(own, _max_diff(_forced(_eager_in(model, stepper), run.tokens, k).logits, first.logits))
     metrics.update(max_logit_diff=diff, eager_self_max_logit_diff=own)
     if diff > 2 * own:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
@@ -103,22 +108,37 @@ def _exact(model, stepper, run: Trace, metrics) -> str | None:
 
 def _decoded_tokens(model, stepper, decoded, metrics) -> str | None:
     """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
-    or rank it within TIE_TOLERANCE of its best (eager's own run-to-run rounding can flip such a tie)."""
-    reference, gaps = _eager_in(model, stepper), []
-    for tokens in decoded:  # step by step: [steps, bs, vocab] logits in fp32 would not fit at large bs
-        logits = reference.step().float()
-        gaps.append(logits.max(dim=-1).values - logits.gather(-1, tokens[:, None])[:, 0])
-        reference.input_ids.copy_(tokens[:, None])
-    gap = torch.stack(gaps)
-    bad = gap > TIE_TOLERANCE
+    or rank it within the tie tolerance of its best: TIE_TOLERANCE, or, where a second eager pass over the
+    same history shows eager varying more than half that (bs=32 on the H200), twice eager's own variation."""
+    gap, chosen, best = _token_gaps(model, stepper, decoded)
+    tolerance, own = TIE_TOLERANCE, 0.0
+    if bool((gap > tolerance).any()):
+        _, chosen_again, best_again = _token_gaps(model, stepper, decoded)
+        own = max(_max_diff(chosen, chosen_again), _max_diff(best, best_again))
+        tolerance = max(tolerance, 2 * own)
+    bad = gap > tolerance
     wrong = int(bad.sum())
     metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
-                   decoded_tokens_at_ties=float(((gap > 0) & ~bad).sum()))
+                   decoded_tokens_at_ties=float(((gap > 0) & ~bad).sum()), tie_tolerance=tolerance)
     if wrong:
         first_wrong = int(bad.any(dim=1).nonzero()[0, 0])
         return (f"the decoded token at step {first_wrong} (warm-up and first timed block) is not eager's choice "
-                f"given the same history ({wrong} of {decoded.numel()} tokens)")
+                f"given the same history ({wrong} of {decoded.numel()} tokens; the largest gap "
+                f"{float(gap.max()):.4g} exceeds the tie tolerance {tolerance:.4g}, eager's own variation {own:.4g})")
     return None
+
+
+def _token_gaps(model, stepper, decoded) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager fed the loop's tokens: how far below its best logit each token ranks, the token's logit and the
+    best, each [steps, bs]. Step by step: [steps, bs, vocab] logits in fp32 would not fit at large bs."""
+    reference, chosen, best = _eager_in(model, stepper), [], []
+    for tokens in decoded:
+        logits = reference.step().float()
+        best.append(logits.max(dim=-1).values)
+        chosen.append(logits.gather(-1, tokens[:, None])[:, 0])
+        reference.input_ids.copy_(tokens[:, None])
+    chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
+    return best_logits - chosen_logits, chosen_logits, best_logits
 
 
 def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
@@ -141,10 +161,11 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     with attention(model, "sdpa"):
         plain = _forced(_eager_in(model, stepper), run.tokens).logits
     stepper.release()
-    fp32 = _fp32_copy(model)
-    rows = _fp32_rows(fp32, stepper)
-    ref = _forced(EagerStepper(fp32, prompt[:rows], cfg.cache_len), run.tokens[:, :rows]).logits.float()
-    del fp32
+    rows = _fp32_rows(model, stepper)
+    with computed_in_fp32(model):
+        reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32)
+        ref = _forced(reference, run.tokens[:, :rows]).logits.float()
+        reference.release()
     err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
     bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
     top2 = ref.topk(2, dim=-1).values
@@ -165,15 +186,15 @@ def _eager_in(model, stepper) -> EagerStepper:
     return EagerStepper(model, stepper.input_ids, stepper.cache_len, rows=stepper.rows, shared=stepper)
 
 
-def _fp32_rows(fp32_model, stepper) -> int:
+def _fp32_rows(model, stepper) -> int:
     """As many of the batch's rows as an fp32 cache for them fits in half the free GPU memory, and at most
     FP32_TOKENS of context."""
     most = max(1, min(stepper.bs, FP32_TOKENS // max(stepper.context_len, 1)))
     if not stepper.input_ids.is_cuda:
         return most
     torch.cuda.empty_cache()  # the run's cache, just freed
-    kv_heads, head_dim = kv_heads_and_dim(fp32_model.config)
-    per_row = 2 * fp32_model.config.num_hidden_layers * kv_heads * head_dim * stepper.cache_len * 4  # K and V, fp32
+    kv_heads, head_dim = kv_heads_and_dim(model.config)
+    per_row = 2 * model.config.num_hidden_layers * kv_heads * head_dim * stepper.cache_len * 4  # K and V, fp32
     return max(1, min(most, int(torch.cuda.mem_get_info()[0] / 2 // per_row)))
 
 
@@ -190,8 +211,33 @@ def attention(model, name: str):
             model.set_attn_implementation(before)
 
 
-def _fp32_copy(model):
-    reference = copy.deepcopy(model).float()
-    if hasattr(reference, "set_attn_implementation"):
-        reference.set_attn_implementation("sdpa")  # the reference attention, whatever the run's backend
-    return reference
+@contextmanager
+def computed_in_fp32(model):
+    """The model computing in fp32 from its own weights, with transformers' sdpa attention and its eager experts
+    loop (the plainest kernels). Each module widens its parameters as it runs and gets the very same
+    Parameter objects back after (graphs captured on them stay valid): a whole fp32 copy of a 30B model
+    (122 GB) would not fit beside it."""
+    hooks = [h for module in model.modules() if module._parameters
+             for h in (module.register_forward_pre_hook(_widen), module.register_forward_hook(_narrow, always_call=True))]
+    experts = getattr(model.config, "_experts_implementation", None)
+    try:
+        with attention(model, "sdpa"):
+            if experts not in (None, "eager"):
+                model.set_experts_implementation("eager")
+            yield model
+    finally:
+        if experts not in (None, "eager"):
+            model.set_experts_implementation(experts)
+        for hook in hooks:
+            hook.remove()
+
+
+def _widen(module, args):
+    module._narrow_parameters = dict(module._parameters)
+    for name, param in module._narrow_parameters.items():
+        if param is not None and param.is_floating_point():
+            module._parameters[name] = param.float()  # a plain tensor for one call: F.linear & co. take it
+
+
+def _narrow(module, args, output):
+    module._parameters.update(module.__dict__.pop("_narrow_parameters", {}))

@@ -1,6 +1,8 @@
 """The measurement itself, in process, on the tiny model on CPU."""
 from __future__ import annotations
 
+import copy as copy_module
+
 import pytest
 import torch
 from transformers import StaticCache
@@ -9,7 +11,7 @@ from harness import models
 from harness.config import ConfigError
 from harness.job import JobError, measure, seeded_prompt
 from harness.timing import run_steps, timed_decode
-from harness.verify import INEXACT_BOUND, verify
+from harness.verify import INEXACT_BOUND, TIE_TOLERANCE, _decoded_tokens as judge_tokens, computed_in_fp32, verify
 from harness.modes.base import prefill
 from harness.modes.eager import EagerStepper
 from harness.stats import step_stats
@@ -92,6 +94,24 @@ def test_a_local_checkpoint_loads_as_safetensors(tmp_path, family):
     prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
     with torch.inference_mode():
         assert torch.equal(model(prompt).logits, reference(prompt).logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fp32_reference_equals_a_whole_fp32_copy_and_leaves_the_weights_in_place(family):
+    cfg = run_config(*FAST, "device=cpu", "dtype=bf16", *FAMILIES[family])
+    model = models._load(cfg.model, torch.bfloat16, "sdpa", torch.device("cpu"), seed=11)[0]
+    before = {name: (param, param.clone()) for name, param in model.named_parameters()}
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        copy = copy_module.deepcopy(model).float()
+        if family == "qwen3_moe":
+            copy.set_experts_implementation("eager")
+        with computed_in_fp32(model):
+            widened = model(prompt).logits
+        assert widened.dtype == torch.float32 and torch.equal(widened, copy(prompt).logits)
+        assert model.config._attn_implementation == "sdpa" and model(prompt).logits.dtype == torch.bfloat16
+    for name, param in model.named_parameters():
+        assert param is before[name][0] and torch.equal(param, before[name][1]), name
 
 
 def test_a_checkpoint_of_another_architecture_is_refused_not_mislabelled(tmp_path):
@@ -238,3 +258,25 @@ def test_a_token_the_timed_loop_got_wrong_fails_the_run():
         checks, why = verify(model, prompt, stepper, cfg, True, decoded)
     assert why.startswith("the decoded token at step 5 (warm-up and first timed block) is not eager's choice")
     assert checks["tokens_match"] == 0.0 and checks["max_logit_diff"] == 0.0  # the lockstep alone saw nothing
+
+
+def test_a_tie_is_judged_against_the_variation_eager_shows_on_the_same_history():
+    """Where eager's own logits vary from pass to pass (kernels that are not deterministic), a token within
+    twice that variation of eager's best is a tie; where they do not, the fixed tolerance stands."""
+    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32", "model.tie_word_embeddings=false")
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        stepper = EagerStepper(model, prompt, 64)
+        decoded = _decoded_tokens(stepper, cfg)
+        decoded[5, 1] = (decoded[5, 1] + 1) % model.config.vocab_size
+        steady = {}
+        assert judge_tokens(model, stepper, decoded, steady).startswith("the decoded token at step 5")
+        noise = model.lm_head.register_forward_hook(lambda mod, args, out: out + 50 * torch.rand_like(out))
+        varying = {}
+        try:
+            why = judge_tokens(model, stepper, decoded, varying)
+        finally:
+            noise.remove()
+    assert steady["tie_tolerance"] == TIE_TOLERANCE and steady["tokens_match"] == 0.0
+    assert why is None and varying["tokens_match"] == 1.0 and 50 < varying["tie_tolerance"] <= 200

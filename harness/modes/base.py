@@ -50,10 +50,12 @@ def kv_heads_and_dim(config) -> tuple[int, int]:
     return config.num_key_value_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torch.device) -> StaticCache:
-    """A StaticCache with its K/V allocated now, so that no graph pool ever holds it."""
+def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torch.device,
+                 dtype: torch.dtype | None = None) -> StaticCache:
+    """A StaticCache with its K/V allocated now, so that no graph pool ever holds it; in the model's dtype
+    unless told (an fp32 reference of a bf16 model)."""
     cache = StaticCache(config=model.config, max_cache_len=cache_len)
-    cache.early_initialization(rows, *kv_heads_and_dim(model.config), model.dtype, device)
+    cache.early_initialization(rows, *kv_heads_and_dim(model.config), dtype or model.dtype, device)
     return cache
 
 
@@ -67,12 +69,13 @@ class Stepper:
     feeds_itself: bool = False
 
     def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, cache_len: int, rows: int | None = None,
-                 shared: Stepper | None = None, prefill: bool = True):
+                 shared: Stepper | None = None, prefill: bool = True, dtype: torch.dtype | None = None):
         """`shared`: a prefilled stepper of the same rows whose cache this one decodes in (a reference).
-        `prefill=False`: the caller prefills later (a mode's job prefills once, after its capture)."""
+        `prefill=False`: the caller prefills later (a mode's job prefills once, after its capture).
+        `dtype`: the cache's, where the model computes in another than its parameters' (verify's fp32)."""
         self.model, self.bs, self.cache_len = model, prompt.shape[0], cache_len
         self.rows = rows or self.bs  # a bucketed stepper runs more rows than the batch has
-        self.cache = shared.cache if shared else static_cache(model, self.rows, cache_len, prompt.device)
+        self.cache = shared.cache if shared else static_cache(model, self.rows, cache_len, prompt.device, dtype)
         self.context_len, self.first_ids = (shared.context_len, shared.first_ids) if shared else (0, None)
         self.static_ids = torch.zeros(self.rows, 1, dtype=torch.long, device=prompt.device)
         self.input_ids = self.static_ids if self.rows == self.bs else self.static_ids[: self.bs]
