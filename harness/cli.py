@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sync", parents=[store], help="log every result.json under a folder that the store lacks, once")
     p.add_argument("output_dir", type=Path)
     p.add_argument("--experiment", default=None, help="default: the one each result names")
-    p = sub.add_parser("report", parents=[store], help="a sweep's table, plots and summary, logged on its parent run")
-    p.add_argument("sweep_run_id", nargs="?", default=None, help="default: the newest sweep")
+    p = sub.add_parser("report", parents=[store], help="a sweep's table, plots and summary, logged on its parent run "
+                       "(or of every result under an outputs/ folder, several sweeps' included)")
+    p.add_argument("sweep_run_id", nargs="?", default=None, help="a parent run id or a folder (default: the newest sweep)")
     p.add_argument("--experiment", default="harness")
     p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
     p = sub.add_parser("compare", parents=[store], help="two sweeps (runs, outputs/ folders) matched by config: "
@@ -68,8 +69,9 @@ def main(argv: list[str]) -> int:
     command, uri = next((a for a in argv if a in COMMANDS), ""), None
     try:
         args = build_parser().parse_args(argv)
-        uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=args.command in ("report", "rerun"),
-                         create=args.command not in ("compare", "export"))
+        reads_store = args.command == "rerun" or args.command == "report" and not _is_dir(args.sweep_run_id)
+        uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=reads_store,
+                         create=args.command not in ("compare", "export", "report"))
         return _run(args, uri)
     except Exception as err:  # noqa: BLE001 - one line for any error, the traceback in a file
         if uri is not None and retry.is_transient(err):
@@ -183,11 +185,20 @@ def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None
     from harness import report as sweep_report
 
     out = out or sweep_report.default_dir()
+    if _is_dir(sweep_run_id):
+        made = sweep_report.from_folder(Path(sweep_run_id), out)
+        print(made[0].read_text())
+        print(f"wrote {', '.join(p.name for p in made)} in {out} (from the result files; logged nowhere)")
+        return 0
     text, plots, parent = sweep_report.build(uri, sweep_run_id, experiment, out)
     print(text)
     files = ", ".join(p.name for p in [out / "summary.md", *plots])
     print(f"wrote {files} in {out}; logged under report/ on run {parent}")
     return 0
+
+
+def _is_dir(given: str | None) -> bool:
+    return given is not None and Path(given).is_dir()
 
 
 def ui(uri: str, host: str, port: int) -> int:

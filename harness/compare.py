@@ -40,11 +40,7 @@ class Pair:
 
 def load_side(uri: str, given: str) -> Side:
     if Path(given).is_dir():
-        bad: list[Exception] = []
-        records = results.read_all(Path(given), on_error=bad.append)
-        if not records:
-            raise ConfigError(f"{given} holds no readable result.json" + (f" ({bad[0]})" if bad else ""))
-        return Side(given, records, None)
+        return Side(given, results.read_folder(Path(given)), None)
     run = tracking.get_run(uri, given)
     if run.data.tags.get("harness.kind") == "job":
         return Side(given, [tracking.load_result(uri, given)], given)

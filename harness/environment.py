@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import re
@@ -38,12 +39,15 @@ def _run(*cmd: str, cwd: Path | None = None) -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def git_state() -> tuple[str, bool]:
-    """(commit, dirty) of the harness checkout; ("unknown", False) outside git."""
+def git_state() -> tuple[str, str]:
+    """(commit, dirty) of the harness checkout: dirty is "false", or a hash of the uncommitted changes, so that
+    two runs of one commit with different edits do not look alike to `harness compare`; ("unknown", "false")
+    outside git."""
     commit = _run("git", "rev-parse", "HEAD", cwd=REPO)
     if not commit:
-        return "unknown", False
-    return commit, bool(_run("git", "status", "--porcelain", "--untracked-files=no", cwd=REPO))
+        return "unknown", "false"
+    diff = _run("git", "diff", "HEAD", cwd=REPO)
+    return commit, f"diff-{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "false"
 
 
 @functools.lru_cache(maxsize=8)
@@ -79,6 +83,16 @@ def _visible_gpu(index: int) -> str | None:
     return visible[index] if index < len(visible) else None
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def environment_tags(device: torch.device) -> dict[str, str]:
     commit, dirty = git_state()
     tags = {
@@ -89,12 +103,12 @@ def environment_tags(device: torch.device) -> dict[str, str]:
         "cuda": torch.version.cuda or "none",
         "hostname": socket.gethostname(),
         "git_commit": commit,
-        "git_dirty": str(dirty).lower(),
+        "git_dirty": dirty,
     }
     if device.type == "cuda":
         tags.update(gpu_facts(device_index(device)))
-    else:
-        tags["cpu"] = platform.processor() or platform.machine()
+    # the host launches every eager kernel: its CPU sets eager's step time as much as the GPU does
+    tags["cpu"] = cpu_model()
     # Switches that change what a run measures without appearing in its config
     tags.update({name: value for name, value in os.environ.items() if name.startswith(TUNING_ENV_PREFIXES)
                  and (name not in SET_BY_TORCH or name in ENV_AT_START)})

@@ -2,6 +2,7 @@
 artifacts of the sweep's parent run so that they show in the MLflow UI."""
 from __future__ import annotations
 
+import re
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -10,8 +11,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
-from harness import tracking  # noqa: E402
+from harness import results, tracking  # noqa: E402
 from harness.labels import run_variant  # noqa: E402
 from harness.modes import MODES  # noqa: E402
 from harness.summary import speedup_intervals, speedup_text, speedups  # noqa: E402
@@ -95,8 +97,8 @@ def plots(rows: list[dict], out_dir: Path) -> list[Path]:
     ok = [{**r, "speedup": speedup.get(r["id"])} for r in rows if r["status"] == "FINISHED"]
     made = []
     for name, x, y, ylabel in PLOTS:
-        if x == "parameters" and len({r.get(x) for r in ok}) < 2:
-            continue  # one model: no size axis
+        if x in SPLIT_BY and len({r.get(x) for r in ok}) < 2:
+            continue  # one context, one model: no such axis
         others = [k for k in SPLIT_BY.get(x, ("context_len", "cache_len")) if len({r[k] for r in ok}) > 1]
         model = (lambda r: ()) if x == "parameters" else (lambda r: (r["model"],))  # noqa: E731
         series: dict[tuple, list[tuple]] = defaultdict(list)
@@ -112,19 +114,28 @@ def plots(rows: list[dict], out_dir: Path) -> list[Path]:
 
 def _draw(series: dict, floors: dict, x: str, ylabel: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in sorted(series.items()):
+    for label, points in sorted(series.items(), key=lambda item: _natural(item[0])):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=" ".join(label))
-    for label, points in sorted(floors.items()):
+    for label, points in sorted(floors.items(), key=lambda item: _natural(item[0])):
         points = sorted(points)
         ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", color="grey", label=" ".join(label))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log") if floors else None
+    if x == "parameters":  # a tick at each model's size
+        sizes = sorted({p[0] for points in series.values() for p in points})
+        ax.set_xticks(sizes, [f"{v / 1e9:.3g}B" for v in sizes], fontsize=7)
+        ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel(x)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def _natural(label: tuple) -> list:
+    """bs=8 before bs=32: numbers in a label compare as numbers."""
+    return [int(part) if part.isdigit() else part for text in label for part in re.split(r"(\d+)", str(text))]
 
 
 def ratio_plot(pairs, path: Path) -> Path:
@@ -162,14 +173,25 @@ def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path) -> tu
     return text, made, parent.info.run_id
 
 
-def from_records(records, title: str, out_dir: Path) -> list[Path]:
+def from_records(records, title: str, out_dir: Path, notes: list[str] = ()) -> list[Path]:
     """summary.md and the plots of a sweep that just ended, from its result files (no store query)."""
     from harness.summary import row
 
     rows = [row(r) for r in records]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.md").write_text(f"# {title}\n\n{table_markdown(rows)}\n")
+    (out_dir / "summary.md").write_text("\n".join([f"# {title}", "", table_markdown(rows), "", *notes]) + "\n")
     return [out_dir / "summary.md", *plots(rows, out_dir)]
+
+
+def from_folder(folder: Path, out_dir: Path) -> list[Path]:
+    """The report of every result file under `folder` (sub-sweeps of one plan, run where no store was). A
+    config that ran more than once shows its latest run; the earlier ones are listed under the table."""
+    records = sorted(results.read_folder(folder), key=lambda r: r.started)
+    latest = {r.config_hash or r.result_id: r for r in records}  # the later run of a config replaces the earlier
+    kept = {id(r) for r in latest.values()}
+    notes = [f"- ran again later, not in the table: {r.label} {r.status} ({r.job_dir or '?'})"
+             for r in records if id(r) not in kept]
+    return from_records(list(latest.values()), f"results under {folder}", out_dir, notes)
 
 
 def default_dir() -> Path:

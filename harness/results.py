@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from harness.config import ConfigError
 from harness.record import JobRecord
 
 RESULT_FILE = "result.json"
@@ -62,6 +63,15 @@ def read_dir(folder: Path, on_error) -> list[tuple[Path, JobRecord]]:
 
 def read_all(folder: Path, on_error) -> list[JobRecord]:
     return [record for _, record in read_dir(folder, on_error)]
+
+
+def read_folder(folder: Path) -> list[JobRecord]:
+    """Every record under a folder a user named; none readable is an error that says why."""
+    bad: list[Exception] = []
+    records = read_all(Path(folder), on_error=bad.append)
+    if not records:
+        raise ConfigError(f"{folder} holds no readable result.json" + (f" ({bad[0]})" if bad else ""))
+    return records
 
 
 def find(sweep_dir: Path) -> list[Path]:

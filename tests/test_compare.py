@@ -76,6 +76,10 @@ def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_paren
     rows = list(csv.DictReader(exported.open()))
     assert sorted(r["config.bs"] for r in rows) == ["1", "2"] and all(float(r["metric.step_ms_median"]) > 0 for r in rows)
     assert all(r["env.torch"] and r["status"] == "FINISHED" for r in rows)
+    assert cli.main(["report", str(workdir / "sweeps"), "--out", str(workdir / "both")]) == 0  # no store needed
+    summary = (workdir / "both" / "summary.md").read_text()
+    assert summary.count("| tiny | 8 | 64 | 2 |") == 1 and (workdir / "both" / "latency_vs_bs.png").is_file()
+    assert summary.count("- ran again later, not in the table: tiny bs=") == 2  # the first sweep's, listed
 
 
 def test_a_config_run_twice_pairs_once_and_the_others_are_listed():
