@@ -97,10 +97,13 @@ def test_a_local_checkpoint_loads_as_safetensors(tmp_path, family):
         assert torch.equal(model(prompt).logits, reference(prompt).logits)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "qwen3 fused"])
 def test_the_fp32_reference_equals_a_whole_fp32_copy_and_leaves_the_weights_in_place(family):
-    cfg = run_config(*FAST, "device=cpu", "dtype=bf16", *FAMILIES[family])
+    overrides = FAMILIES.get(family, ["model=tiny", "model.fuse_projections=true"])
+    cfg = run_config(*FAST, "device=cpu", "dtype=bf16", *overrides)
     model = models._load(cfg.model, torch.bfloat16, "sdpa", torch.device("cpu"), seed=11)[0]
+    if cfg.model.fuse_projections:
+        assert models.fuse_projections(model) == 2 * cfg.model.num_hidden_layers
     before = {name: (param, param.clone()) for name, param in model.named_parameters()}
     prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
     with torch.inference_mode():
