@@ -22,7 +22,9 @@ BACKENDS = {
     "sdpa enable_gqa": attention.enable_gqa_attention,
     "sdpa packed rows": attention.packed_rows_attention,
     "flex": attention.flex_attention_forward,
+    "triton-decode": attention.triton_decode_forward,
 }
+NO_MASK = (attention.flex_attention_forward, attention.triton_decode_forward)  # they cut at the position
 
 
 def time_backend(fn, bs: int, slots: int, valid: int, replays: int) -> float:
@@ -32,7 +34,7 @@ def time_backend(fn, bs: int, slots: int, valid: int, replays: int) -> float:
     mask = (torch.arange(slots, device="cuda") < valid).view(1, 1, 1, slots).expand(bs, 1, 1, slots)
     position_ids = torch.tensor([[valid - 1]], device="cuda")
     module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True)
-    call = lambda: fn(module, q, k, v, None if fn is attention.flex_attention_forward else mask,  # noqa: E731
+    call = lambda: fn(module, q, k, v, None if fn in NO_MASK else mask,  # noqa: E731
                       scaling=128 ** -0.5, position_ids=position_ids)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200)
     args = ap.parse_args()
     attention.use_flex()
+    attention.use_triton_decode(torch.device("cuda"))
     bandwidth = ceilings(torch.device("cuda"))["copy_bytes_per_s"]
     print(f"| bs | cache | valid | {' | '.join(BACKENDS)} | valid-KV floor |")
     print("|---:|---:|---:|" + "---:|" * (len(BACKENDS) + 1))

@@ -9,9 +9,13 @@ stays transformers' own model. Prefill (more than one query token) keeps transfo
   prefix. The position stays on the device (the step's position_ids), so a step has no host sync and can be
   captured in a CUDA graph. On a GPU it runs compiled (Inductor's flex-decoding kernel); on a CPU it runs
   flex's unfused reference, which is slow but exact enough for tests.
+- `triton-decode`: a split-KV decode kernel in Triton (harness/triton_decode.py): reads only the valid
+  prefix, cut into chunks that fill the GPU even at bs=1, in two launches a layer. On a CPU it runs in
+  Triton's interpreter (tests).
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -20,7 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from harness.config import FLEX_BLOCK
+from harness.config import FLEX_BLOCK, ConfigError
 
 
 
@@ -107,8 +111,47 @@ def flex_attention_forward(module, query, key, value, attention_mask, scaling=No
     return out.transpose(1, 2).contiguous(), None
 
 
+triton_decode_op = None  # set by use_triton_decode()
+
+
+def use_triton_decode(device: torch.device) -> None:
+    """Register the Triton decode kernel as an opaque op (compiled modes call it as it is), once. Triton runs
+    on a CUDA GPU, or on a CPU in its interpreter where the machine has no NVIDIA GPU (harness/__init__.py)."""
+    global triton_decode_op
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if (device.type == "cuda") == interpreted:
+        raise ConfigError(f"attn=triton-decode cannot run on {device} here: " + (
+            "TRITON_INTERPRET=1 is set, and Triton's interpreter runs on a CPU only" if interpreted else
+            "Triton runs on a CUDA GPU, and on a CPU only in its interpreter, on a machine without a GPU"))
+    if triton_decode_op is not None:
+        return
+    try:
+        from harness.triton_decode import triton_decode
+    except ImportError as err:
+        raise ConfigError(f"attn=triton-decode needs Triton ({err}): pip install triton, or use attn=flex") from err
+
+    @torch.library.custom_op("harness::triton_decode", mutates_args=())
+    def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
+           scale: float) -> torch.Tensor:
+        return triton_decode(query, key, value, position, scale)
+
+    @op.register_fake
+    def _(query, key, value, position, scale):
+        return query.new_empty(query.shape)
+
+    triton_decode_op = op
+
+
+def triton_decode_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
+    if query.shape[2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return triton_decode_op(query, key, value, position_ids[0, 0], scale).transpose(1, 2).contiguous(), None
+
+
 def prefill_only_mask(*args, q_length: int, **kwargs):
-    """flex builds its own mask from the position: a decode step needs none, prefill SDPA's."""
+    """flex and triton-decode cut the cache at the position themselves: a decode step needs no mask, prefill
+    SDPA's."""
     return None if q_length == 1 else sdpa_mask(*args, q_length=q_length, **kwargs)
 
 
@@ -116,3 +159,5 @@ AttentionInterface.register("sdpa-gqa", lambda *a, **kw: GQA_DECODE(*a, **kw))
 AttentionMaskInterface.register("sdpa-gqa", sdpa_mask)
 AttentionInterface.register("flex", flex_attention_forward)
 AttentionMaskInterface.register("flex", prefill_only_mask)
+AttentionInterface.register("triton-decode", triton_decode_forward)
+AttentionMaskInterface.register("triton-decode", prefill_only_mask)

@@ -34,8 +34,9 @@ class DType(Enum):
 
 
 # Decode attention backends (harness/attention.py): sdpa is transformers' own path (repeat_kv, then a masked
-# SDPA over every slot); sdpa-gqa attends on the KV heads without repeat_kv; flex reads only the valid prefix.
-Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "flex", "eager")})
+# SDPA over every slot); sdpa-gqa attends on the KV heads without repeat_kv; flex and triton-decode read only
+# the valid prefix.
+Attn = Enum("Attn", {name: name for name in ("sdpa", "sdpa-gqa", "flex", "triton-decode", "eager")})
 FLEX_BLOCK = 128  # slots per block of flex's block mask: the granularity at which attn=flex skips the cache
 CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of FLEX_BLOCK)
 

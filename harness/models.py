@@ -59,6 +59,8 @@ def release_models() -> None:
 def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device, seed: int):
     if attn == "flex":
         attention.use_flex()
+    if attn == "triton-decode":
+        attention.use_triton_decode(device)
     if cfg.weights is None:
         return random_model(cfg, dtype, attn, device, seed), "random", f"seed={seed}"
     path = Path(cfg.weights).expanduser()

@@ -16,7 +16,8 @@ Useful work, per step of `bs` rows (B = bytes per element), at the mean position
 What the chosen implementation reads is logged beside it (`implementation_bytes`, `waste_factor` =
 implementation / useful): `sdpa` (and `eager`) attend over every slot of the cache, with K/V expanded to
 the query heads by repeat_kv (read once, written and read n_rep times: 1 + 2 x n_rep); `sdpa-gqa` every
-slot once; `flex` the valid slots rounded up to its 128-slot blocks. A bucketed run also computes its
+slot once; `flex` the valid slots rounded up to its 128-slot blocks; `triton-decode` the valid slots. A
+bucketed run also computes its
 padding rows.
 """
 from __future__ import annotations
@@ -84,12 +85,14 @@ def step_cost(arch: dict, bs: int, valid_slots: float, dtype_bytes: int) -> dict
 
 def kv_read_factor(n_rep: int, attn: str) -> int:
     """How many times an implementation's K/V bytes cross memory: repeat_kv reads them, writes n_rep copies
-    and attention reads those; sdpa-gqa and flex read the KV heads as they are."""
-    return 1 if n_rep == 1 or attn in ("sdpa-gqa", "flex") else 1 + 2 * n_rep
+    and attention reads those; sdpa-gqa, flex and triton-decode read the KV heads as they are."""
+    return 1 if n_rep == 1 or attn in ("sdpa-gqa", "flex", "triton-decode") else 1 + 2 * n_rep
 
 
 def slots_read(attn: str, cache_len: int, positions: range) -> float:
     """Cache slots an implementation reads per step, averaged over the steps at `positions`."""
+    if attn == "triton-decode":  # the valid slots, to the slot (its loads past the position are masked)
+        return sum(p + 1 for p in positions) / len(positions)
     if attn != "flex":
         return float(cache_len)
     return sum(math.ceil((p + 1) / FLEX_BLOCK) * FLEX_BLOCK for p in positions) / len(positions)

@@ -32,7 +32,8 @@ def _forced_logits(stepper, tokens: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("attn, gqa_decode", [("sdpa-gqa", attention.packed_rows_attention),
-                                              ("sdpa-gqa", attention.enable_gqa_attention), ("flex", None)])
+                                              ("sdpa-gqa", attention.enable_gqa_attention), ("flex", None),
+                                              ("triton-decode", None)])
 def test_each_backend_decodes_as_transformers_sdpa_does(attn, gqa_decode, monkeypatch):
     if gqa_decode is not None:
         monkeypatch.setattr(attention, "GQA_DECODE", gqa_decode)
@@ -71,6 +72,25 @@ def test_flex_decode_reads_the_valid_prefix_only(position):
         assert not torch.allclose(flex_attention(q, k, v, block_mask=unshifted, enable_gqa=True), expected, atol=1e-3)
 
 
+@pytest.mark.parametrize("bs, heads, kv_heads, slots, position", [
+    (1, 16, 8, 1280, 1033), (3, 4, 2, 256, 0), (3, 4, 2, 256, 63), (3, 4, 2, 256, 64), (2, 8, 1, 512, 300),
+    (2, 4, 4, 128, 127)])
+def test_triton_decode_reads_the_valid_prefix_only(bs, heads, kv_heads, slots, position):
+    """Split-KV over the valid prefix, chunks merged: SDPA's answer over slots [0, position] alone, for
+    groups of 1 to 8 query heads per KV head, a first slot, a chunk's edge, a whole cache."""
+    attention.use_triton_decode(CPU)  # Triton's interpreter
+    from harness.triton_decode import splits_for
+
+    g = torch.Generator().manual_seed(position)
+    q = torch.randn(bs, heads, 1, 16, generator=g)
+    k, v = (torch.randn(bs, kv_heads, slots, 16, generator=g) for _ in range(2))
+    k[:, :, position + 1:], v[:, :, position + 1:] = 1e4, -1e4
+    expected = F.scaled_dot_product_attention(q, k[:, :, :position + 1], v[:, :, :position + 1], enable_gqa=True)
+    got = attention.triton_decode_op(q, k, v, torch.tensor(position), 0.25)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+    assert splits_for(bs, kv_heads, slots) > 1 or bs * kv_heads >= 132  # the chunks are what is tested
+
+
 def test_a_long_context_is_prefilled_in_chunks_to_the_same_cache(monkeypatch):
     model = _tiny("sdpa", bs=1)
     prompt = seeded_prompt(1, 300, model.config.vocab_size, 0, CPU)
@@ -102,8 +122,9 @@ def test_a_config_saved_with_prompt_len_reruns_as_context_len():
     assert (cfg.context_len, cfg.cache_len) == (8, 256)
 
 
-def test_flex_runs_verified_against_fp32_on_cpu():
-    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", "cache_len=128", "bs=2"))
+@pytest.mark.parametrize("attn", ["flex", "triton-decode"])
+def test_a_valid_prefix_backend_runs_verified_against_fp32_on_cpu(attn):
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", f"attn={attn}", "cache_len=128", "bs=2"))
     m = result.metrics
     assert result.failure is None and m["verified"] == 1.0
     assert m["max_logit_diff"] == 0.0 and m["fp32_token_agreement"] == 1.0 and m["fp32_rows_checked"] == 2

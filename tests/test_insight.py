@@ -74,6 +74,9 @@ def test_what_an_implementation_reads_against_what_is_useful():
     assert 1152 <= slots_read("flex", 16384, steps) <= 1280  # whole 128-slot blocks of the valid prefix
     assert useful < flex < gqa < sdpa
     assert kv_read_factor(1, "sdpa") == 1 and kv_read_factor(2, "eager") == 5 and kv_read_factor(2, "flex") == 1
+    assert slots_read("triton-decode", 16384, steps) == 1034 + 64.5 and kv_read_factor(2, "triton-decode") == 1
+    triton = implementation_bytes(QWEN, 8, "triton-decode", 16384, steps, 2)
+    assert triton < flex and triton == pytest.approx(useful, rel=1e-3)  # the valid slots, each read once
 
 
 def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
