@@ -86,18 +86,22 @@ def use_flex() -> None:
 
     flex_attention, BlockMask = flex.flex_attention, flex.BlockMask
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # a kernel per shape
-    compiled = torch.compile(flex_decode, fullgraph=True, dynamic=False)  # compiles at its first call
+    flex_decode_op = _decode_op("flex_decode", torch.compile(flex_decode, fullgraph=True, dynamic=False))
 
-    @torch.library.custom_op("harness::flex_decode", mutates_args=())
+
+def _decode_op(name: str, kernel):
+    """`kernel(query, key, value, position, scale)` as an opaque op: a model compiled around it calls it as it
+    is, and a CUDA graph captures it like any kernel."""
+    @torch.library.custom_op(f"harness::{name}", mutates_args=())
     def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
            scale: float) -> torch.Tensor:
-        return compiled(query, key, value, position, scale).contiguous()
+        return kernel(query, key, value, position, scale).contiguous()
 
     @op.register_fake
     def _(query, key, value, position, scale):
         return query.new_empty(query.shape)
 
-    flex_decode_op = op
+    return op
 
 
 def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
@@ -129,17 +133,7 @@ def use_triton_decode(device: torch.device) -> None:
         from harness.triton_decode import triton_decode
     except ImportError as err:
         raise ConfigError(f"attn=triton-decode needs Triton ({err}): pip install triton, or use attn=flex") from err
-
-    @torch.library.custom_op("harness::triton_decode", mutates_args=())
-    def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
-           scale: float) -> torch.Tensor:
-        return triton_decode(query, key, value, position, scale)
-
-    @op.register_fake
-    def _(query, key, value, position, scale):
-        return query.new_empty(query.shape)
-
-    triton_decode_op = op
+    triton_decode_op = _decode_op("triton_decode", triton_decode)
 
 
 def triton_decode_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
