@@ -1,6 +1,11 @@
 """Issue 13 on CPU: the context axis, the attention backends, the chunked prefill."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +20,7 @@ from harness.modes.eager import EagerStepper
 from tests.support import FAST, run_config
 
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
 
@@ -89,6 +95,34 @@ def test_triton_decode_reads_the_valid_prefix_only(bs, heads, kv_heads, slots, p
     got = attention.triton_decode_op(q, k, v, torch.tensor(position), 0.25)
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
     assert splits_for(bs, kv_heads, slots) > 1 or bs * kv_heads >= 132  # the chunks are what is tested
+
+
+AOT_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from harness.triton_decode import _merge, _split_kv
+
+ints = ["q_row", "q_head", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"]
+for group in (2, 4):  # qwen3-0.6b/1.7b, qwen3-4b/8b and llama
+    sig = dict(Q="*bf16", K="*bf16", V="*bf16", Pos="*i64", Acc="*fp32", M="*fp32", L="*fp32", scale="fp32",
+               **dict.fromkeys(ints, "i32"), **dict.fromkeys(["GROUP", "GROUP_PAD", "D", "BLOCK_N", "SPLITS", "IEEE"], "constexpr"))
+    consts = dict(GROUP=group, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=32, IEEE=False)
+    print("split_kv", len(triton.compile(ASTSource(_split_kv, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]))
+sig = dict(Acc="*fp32", M="*fp32", L="*fp32", Out="*bf16", o_row="i32", o_head="i32", HEADS="constexpr", D="constexpr",
+           SPLITS="constexpr")
+print("merge", len(triton.compile(ASTSource(_merge, sig, dict(HEADS=16, D=128, SPLITS=32)), target=GPUTarget("cuda", 90, 32)).asm["ptx"]))
+"""
+
+
+def test_triton_decode_compiles_for_the_h200():
+    """The interpreter checks the arithmetic; Triton's own compiler, run ahead of time for sm_90 (no GPU
+    needed), checks that the kernels build as a GPU runs them (bf16, head_dim 128)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.split()
+    assert printed[0::2] == ["split_kv", "split_kv", "merge"] and all(int(n) > 10_000 for n in printed[1::2])
 
 
 def test_a_long_context_is_prefilled_in_chunks_to_the_same_cache(monkeypatch):
