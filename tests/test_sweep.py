@@ -33,7 +33,7 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
     assert parent.data.metrics["median_ms/eager/bs2"] == by_bs["2"].data.metrics["step_ms_median"]
     assert parent.data.metrics["speedup/eager/bs1"] == 1.0 and parent.data.metrics["jobs_finished"] == 2
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
-        "report/summary.md", "report/latency_vs_bs.png", "report/speedup_vs_bs.png", "report/latency_vs_context_len.png"}
+        "report/summary.md", "report/latency_vs_bs.png", "report/speedup_vs_bs.png"}  # one context: no context plot
     ids = sorted(c.info.run_id for c in children)
     url = next(line for line in proc.stdout.splitlines() if line.startswith("Compare this sweep's runs: "))
     assert url.startswith("Compare this sweep's runs: http://127.0.0.1:5000/#/compare-runs?runs=")
