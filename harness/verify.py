@@ -91,8 +91,8 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def _exact(model, stepper, run: Trace, metrics) -> str | None:
     """Two plain eager decodes of the same rows, fed the run's tokens: the run may differ from eager no more
     than eager differs from itself, which is not at all where its kernels are deterministic. Before failing a
-    run, eager's own variation is measured again over RECHECKS more decodes: some of its kernels (cuDNN's
-    split-KV attention on the H200) vary only now and then."""
+    run, eager's own variation is measured again over RECHECKS more decodes: where eager varies only now and
+    then (seen on the H200), two passes may agree by chance."""
     k = stepper.tokens_per_step
     first = _forced(_eager_in(model, stepper), run.tokens, k)
     second = _forced(_eager_in(model, stepper), run.tokens, k)
@@ -109,7 +109,7 @@ def _exact(model, stepper, run: Trace, metrics) -> str | None:
 def _decoded_tokens(model, stepper, decoded, metrics) -> str | None:
     """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
     or rank it within the tie tolerance of its best: TIE_TOLERANCE, or, where a second eager pass over the
-    same history shows eager varying more than half that (bs=32 on the H200), twice eager's own variation."""
+    same history shows eager varying more than half that (bs=8 and 32 on the H200), twice eager's own variation."""
     gap, chosen, best = _token_gaps(model, stepper, decoded)
     tolerance, own = TIE_TOLERANCE, 0.0
     if bool((gap > tolerance).any()):
