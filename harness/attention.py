@@ -27,7 +27,6 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from harness.config import FLEX_BLOCK, ConfigError
 
 
-
 def enable_gqa_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     """A decode step's SDPA with `enable_gqa=True`: the query heads of a group read their KV head in place."""
     if query.shape[2] != 1 or getattr(module, "num_key_value_groups", 1) == 1:
@@ -104,15 +103,26 @@ def _decode_op(name: str, kernel):
     return op
 
 
-def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
-    if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+def _prefill_or(decode):
+    """An attention function: prefill (more than one query token) by transformers' SDPA, a decode step by
+    decode(query, key, value, position, scale), which cuts the cache at the position itself."""
+    def forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
+        if query.shape[2] != 1:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return decode(query, key, value, position_ids[0, 0], scale).transpose(1, 2).contiguous(), None
+
+    return forward
+
+
+def _flex_step(query, key, value, position, scale):
     if key.shape[2] % FLEX_BLOCK:
         raise ValueError(f"attn=flex needs cache_len in whole blocks of {FLEX_BLOCK} slots, not {key.shape[2]}")
     # Inductor's CPU flex needs a C++ toolchain and minutes: on a CPU, flex's reference is enough (tests)
-    kernel = flex_decode_op if query.is_cuda else _reference_flex_decode
-    out = kernel(query, key, value, position_ids[0, 0], scaling if scaling is not None else query.shape[-1] ** -0.5)
-    return out.transpose(1, 2).contiguous(), None
+    return (flex_decode_op if query.is_cuda else _reference_flex_decode)(query, key, value, position, scale)
+
+
+flex_attention_forward = _prefill_or(_flex_step)
 
 
 triton_decode_op = None  # set by use_triton_decode()
@@ -136,11 +146,7 @@ def use_triton_decode(device: torch.device) -> None:
     triton_decode_op = _decode_op("triton_decode", triton_decode)
 
 
-def triton_decode_forward(module, query, key, value, attention_mask, scaling=None, position_ids=None, **kwargs):
-    if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return triton_decode_op(query, key, value, position_ids[0, 0], scale).transpose(1, 2).contiguous(), None
+triton_decode_forward = _prefill_or(lambda *args: triton_decode_op(*args))  # the op, once use_triton_decode() set it
 
 
 def prefill_only_mask(*args, q_length: int, **kwargs):

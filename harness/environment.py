@@ -83,6 +83,7 @@ def _visible_gpu(index: int) -> str | None:
     return visible[index] if index < len(visible) else None
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
     """The host CPU's model name (Linux), else what `platform` knows."""
     try:

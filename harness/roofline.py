@@ -17,8 +17,7 @@ What the chosen implementation reads is logged beside it (`implementation_bytes`
 implementation / useful): `sdpa` (and `eager`) attend over every slot of the cache, with K/V expanded to
 the query heads by repeat_kv (read once, written and read n_rep times: 1 + 2 x n_rep); `sdpa-gqa` every
 slot once; `flex` the valid slots rounded up to its 128-slot blocks; `triton-decode` the valid slots. A
-bucketed run also computes its
-padding rows.
+bucketed run also computes its padding rows.
 """
 from __future__ import annotations
 
