@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import secrets
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
@@ -21,6 +22,7 @@ from omegaconf import MISSING, OmegaConf
 
 from harness.modes import MODES
 from harness.labels import LABEL_KEYS, run_label
+from harness.record import flatten
 
 
 class ConfigError(ValueError):
@@ -117,6 +119,8 @@ class RunConfig:
     buckets: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # mode=bucketed's capture sizes
     graph_steps: int = 1  # decode steps per graph replay; >1 captures argmax and feeding too
     compile_mode: Optional[str] = None  # torch.compile mode for the compiled modes; None: the mode's default
+    # torch._inductor.config options for the compiled modes, over compile_mode's own: +inductor.KEY=VALUE
+    inductor: Dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # skip a job whose identical config already has a FINISHED run in the store
     profile: bool = False  # after the timed steps, profile a few more (kernels, busy/idle, trace)
     profile_steps: int = 8
@@ -164,6 +168,31 @@ class RunConfig:
             _require(self.compile_mode in allowed,
                      f"compile_mode={self.compile_mode} is invalid for mode={self.mode}: "
                      + (f"use one of {', '.join(allowed)}" if allowed else "only the compiled modes take it"))
+        self._check_inductor_options()
+
+    def _check_inductor_options(self) -> None:
+        # `+inductor.triton.cudagraphs=false` composes as {triton: {cudagraphs: false}}: Inductor's name is dotted
+        self.inductor = flatten(dict(self.inductor))
+        if not self.inductor:
+            return
+        first = next(iter(self.inductor))
+        _require(bool(MODES[self.mode].compile_modes),
+                 f"inductor.{first} applies to the compiled modes only (mode=compiled or compiled-nograph), "
+                 f"not mode={self.mode}")
+        from torch._inductor import config as inductor_config  # only here: importing Inductor takes a while
+
+        known = inductor_config.get_config_copy()
+        _require("triton.cudagraphs" not in self.inductor,
+                 "inductor.triton.cudagraphs is the mode's choice: use mode=compiled (Inductor's kernels replayed from "
+                 "CUDA graphs) or mode=compiled-nograph (launched one by one)")
+        for key, value in self.inductor.items():
+            _require(key in known, f"inductor.{key} is not an option of torch._inductor.config in this torch; "
+                                   f"options are named as in torch/_inductor/config.py, e.g. inductor.epilogue_fusion")
+            wanted = inductor_config.get_type(key)
+            # the check torch.compile makes on its options (generic types, e.g. Optional[int], it cannot check)
+            _require(typing.get_origin(wanted) is not None or isinstance(value, wanted),
+                     f"inductor.{key}={value!r} is invalid: torch._inductor.config.{key} takes a "
+                     f"{getattr(wanted, '__name__', wanted)}, e.g. inductor.{key}={known[key]!r}")
 
     def slots_needed(self) -> int:
         """Cache slots a job fills: the context, then warm-up and decode (and the profiler's steps) in whole
@@ -174,16 +203,20 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return run_label({key: attrgetter(key)(self) for key in LABEL_KEYS})
+        return run_label({**{key: attrgetter(key)(self) for key in LABEL_KEYS},
+                          **{f"inductor.{key}": value for key, value in self.inductor.items()}})
 
 
 # Keys that say where a run is stored or how it is scheduled, not what it measures.
 NOT_IDENTITY = ("tracking", "resume", "profile", "profile_steps")
+# Keys added after runs were stored: left out of the identity while empty, so those runs keep their hash
+ABSENT_WHEN_EMPTY = ("inductor",)
 
 
 def identity(config: dict) -> dict:
     """What a job measures: its resolved config, less where it is stored and how it is scheduled."""
-    return {k: v for k, v in config.items() if k not in NOT_IDENTITY}
+    return {k: v for k, v in config.items()
+            if k not in NOT_IDENTITY and not (k in ABSENT_WHEN_EMPTY and not v)}
 
 
 def config_hash(config: dict) -> str:

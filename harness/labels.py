@@ -6,18 +6,21 @@ from typing import Any, Mapping
 # The keys that name a run's variant, dotted as in a run's MLflow params
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
 LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
+INDUCTOR = "inductor."  # the prefix of a run's Inductor options (`inductor.epilogue_fusion`), each named in full
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 
 
 def run_variant(flat: Mapping[str, Any]) -> str:
     """The mode and any option that changes what a step runs, e.g. `compiled max-autotune fused sdpa-gqa`,
-    from a config's VARIANT_KEYS: MLflow params, a flattened result config, or values read from a config."""
+    from a config's VARIANT_KEYS and Inductor options: MLflow params, a flattened result config, or values
+    read from a config."""
     mode, steps, fused, attn, compile_mode = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
     extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
               compile_mode if compile_mode not in _UNSET else "",
               "fused" if fused.lower() == "true" else "",
               attn if attn not in (*_UNSET, "sdpa") else ""]
-    return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras)])
+    inductor = [f"{key[len(INDUCTOR):]}={value}" for key, value in sorted(flat.items()) if key.startswith(INDUCTOR)]
+    return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras), *inductor])
 
 
 def run_label(flat: Mapping[str, Any]) -> str:

@@ -13,7 +13,7 @@ from harness.config import CONF_DIR, GROUPS, ConfigError, ModelConfig, RunConfig
 from harness.record import flatten
 
 RENAMED = {"prompt_len": "context_len"}  # keys of saved configs from earlier versions, and their names now
-OPEN = ("model.extra",)  # free-form keys (a model type's own config.json keys): anything under them is valid
+OPEN = ("model.extra", "inductor")  # free-form keys (a model type's config.json keys, Inductor options), checked where used
 
 
 def model_preset(name: str) -> DictConfig:
@@ -53,6 +53,8 @@ def check_overrides(args) -> None:
         if arg.startswith("-") or "=" not in arg or key.split(".")[0].split("/")[0] == "hydra" or key in GROUPS:
             continue
         check_keys([key])
+        if key.startswith("inductor.") and not arg.startswith("+"):  # Hydra's own refusal spans eight lines
+            raise ConfigError(f"{arg} adds an Inductor option, which the config does not hold yet: write +{arg}")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

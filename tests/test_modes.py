@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness import models
-from harness.config import ConfigError
+from harness.config import ConfigError, config_hash
 from harness.job import JobError, measure, seeded_prompt
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import pad_rows
@@ -16,6 +16,7 @@ from harness.modes.bucketed import pick_bucket
 from harness.modes.eager import EagerMode, EagerStepper
 from harness.report import table_markdown
 from harness.timing import advance, run_steps
+from harness.validate import check_overrides
 from tests.support import FAST, run_config
 
 CPU = torch.device("cpu")
@@ -58,6 +59,13 @@ def test_padded_rows_do_not_change_the_real_rows_tokens():
     (["compile_mode=max-autotune", "mode=compiled-nograph"],
      "compile_mode=max-autotune is invalid for mode=compiled-nograph: use one of default, max-autotune-no-cudagraphs"),
     (["compile_mode=default", "mode=graphed"], "only the compiled modes take it"),
+    (["+inductor.epilogue_fusion=false", "mode=graphed"],
+     "inductor.epilogue_fusion applies to the compiled modes only (mode=compiled or compiled-nograph), not mode=graphed"),
+    (["+inductor.epilog_fusion=false", "mode=compiled"], "inductor.epilog_fusion is not an option of torch._inductor.config"),
+    (["+inductor.triton.cudagraphs=false", "mode=compiled"],
+     "inductor.triton.cudagraphs is the mode's choice: use mode=compiled (Inductor's kernels replayed from CUDA graphs)"),
+    (["+inductor.epilogue_fusion=maybe", "mode=compiled"],
+     "inductor.epilogue_fusion='maybe' is invalid: torch._inductor.config.epilogue_fusion takes a bool"),
 ])
 def test_graph_options_are_checked(overrides, says):
     with pytest.raises(ConfigError) as err:
@@ -123,6 +131,35 @@ def test_fused_model_decodes_the_same_tokens():
             assert torch.allclose(a, b, atol=1e-4, rtol=0), (a - b).abs().max()
             tokens.append((a_stepper.input_ids.clone(), b_stepper.input_ids.clone()))
     assert all(torch.equal(x, y) for x, y in tokens) and len({int(x[0]) for x, _ in tokens}) > 1
+
+
+def test_inductor_options_are_named_as_inductor_names_them_and_keep_old_hashes():
+    cfg = run_config("mode=compiled", "+inductor.triton.unique_kernel_names=true", "+inductor.epilogue_fusion=false")
+    assert cfg.inductor == {"triton.unique_kernel_names": True, "epilogue_fusion": False}
+    assert cfg.label.endswith("compiled epilogue_fusion=False triton.unique_kernel_names=True")
+    with pytest.raises(ConfigError, match=r"write \+inductor.epilogue_fusion=false$"):
+        check_overrides(["inductor.epilogue_fusion=false"])
+    stored = {"bs": 1, "mode": "compiled", "compile_mode": None}  # a config saved before the key existed
+    assert config_hash({**stored, "inductor": {}}) == config_hash(stored)
+    assert config_hash({**stored, "inductor": {"epilogue_fusion": False}}) != config_hash(stored)
+
+
+def test_inductor_options_are_in_force_while_the_step_compiles(monkeypatch):
+    from torch._inductor import config as inductor_config
+    from torch._inductor.graph import GraphLowering
+
+    seen, lower = [], GraphLowering.__init__
+
+    def spy(self, *args, **kwargs):  # Inductor lowers each captured graph into one of these
+        seen.append((inductor_config.epilogue_fusion, inductor_config.max_autotune))
+        lower(self, *args, **kwargs)
+
+    monkeypatch.setattr(GraphLowering, "__init__", spy)
+    with inductor_config.patch(force_disable_caches=True):  # lower again, not from an earlier run's cache
+        result = measure(run_config(*FAST, "mode=compiled-nograph", "compile_mode=max-autotune-no-cudagraphs",
+                                    "device=cpu", "dtype=fp32", "+inductor.epilogue_fusion=false"))
+    assert result.failure is None and result.metrics["verified"] == 1.0
+    assert seen and set(seen) == {(False, True)}  # the run's option over the mode's own (max_autotune kept)
 
 
 def test_compiled_nograph_runs_on_cpu_and_matches_eager():

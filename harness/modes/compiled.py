@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import weakref
@@ -14,22 +15,34 @@ COMPILE_WARMUP = 3  # calls before timing: the first compiles, the next record C
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def compiled_step(model: torch.nn.Module, compile_mode: str):
-    """One compiled decode step per (model, compile mode) for the whole process, so that later jobs
-    of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
+def inductor_options(compile_mode: str, inductor: dict) -> dict:
+    """The Inductor options a compile runs with: compile_mode's own, then the run's `inductor.*` over them."""
+    from torch._inductor import list_mode_options  # imported with Inductor, by the compiled modes only
+
+    return {**list_mode_options(compile_mode, dynamic=False), **inductor}
+
+
+def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict):
+    """One compiled decode step per (model, compile mode, Inductor options) for the whole process, so that
+    later jobs of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
     per_model = _compiled.setdefault(model, {})
-    if compile_mode not in per_model:
+    key = (compile_mode, json.dumps(inductor, sort_keys=True, default=str))
+    if key not in per_model:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does
-        per_model[compile_mode] = torch.compile(forward_step, mode=compile_mode, dynamic=False)
-    return per_model[compile_mode]
+        # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
+        # takes a mode or options, not both, so options carry the mode's own
+        how = dict(options=inductor_options(compile_mode, inductor)) if inductor else dict(mode=compile_mode)
+        per_model[key] = torch.compile(forward_step, dynamic=False, **how)
+    return per_model[key]
 
 
 class CompiledStepper(Stepper):
-    def __init__(self, model, prompt, cache_len, compile_mode: str, mark_steps: bool):
+    def __init__(self, model, prompt, cache_len, compile_mode: str, inductor: dict):
         super().__init__(model, prompt, cache_len, prefill=False)
         torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
-        self.fn, self.mark_steps = compiled_step(model, compile_mode), mark_steps
+        self.fn = compiled_step(model, compile_mode, inductor)
+        # with CUDA graphs, a step's outputs may be overwritten by the next: each step is marked as new
+        self.mark_steps = bool(inductor_options(compile_mode, inductor).get("triton.cudagraphs"))
 
     def compile(self, prompt: torch.Tensor) -> CompiledStepper:
         """Compile (or reuse this process's compiled step) and record its graphs; the caller prefills."""
@@ -63,8 +76,7 @@ class CompiledMode(DecodeMode):
 
     def prepare(self, model, prompt, cfg):
         compile_mode = cfg.compile_mode or spec(self.name).compile_modes[0]
-        stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode,
-                                  mark_steps=compile_mode in ("reduce-overhead", "max-autotune")).compile(prompt)
+        stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode, cfg.inductor).compile(prompt)
         stepper.tags["compile_mode"] = compile_mode
         return stepper
 
