@@ -21,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from harness.modes import MODES
-from harness.labels import LABEL_KEYS, run_label
+from harness.labels import INDUCTOR, LABEL_KEYS, run_label
 from harness.record import flatten
 
 
@@ -179,12 +179,12 @@ class RunConfig:
         _require(bool(MODES[self.mode].compile_modes),
                  f"inductor.{first} applies to the compiled modes only (mode=compiled or compiled-nograph), "
                  f"not mode={self.mode}")
-        from torch._inductor import config as inductor_config  # only here: importing Inductor takes a while
-
-        known = inductor_config.get_config_copy()
         _require("triton.cudagraphs" not in self.inductor,
                  "inductor.triton.cudagraphs is the mode's choice: use mode=compiled (Inductor's kernels replayed from "
                  "CUDA graphs) or mode=compiled-nograph (launched one by one)")
+        from torch._inductor import config as inductor_config  # only here: importing Inductor takes a while
+
+        known = inductor_config.get_config_copy()
         for key, value in self.inductor.items():
             _require(key in known, f"inductor.{key} is not an option of torch._inductor.config in this torch; "
                                    f"options are named as in torch/_inductor/config.py, e.g. inductor.epilogue_fusion")
@@ -204,7 +204,7 @@ class RunConfig:
     @property
     def label(self) -> str:
         return run_label({**{key: attrgetter(key)(self) for key in LABEL_KEYS},
-                          **{f"inductor.{key}": value for key, value in self.inductor.items()}})
+                          **{f"{INDUCTOR}{key}": value for key, value in self.inductor.items()}})
 
 
 # Keys that say where a run is stored or how it is scheduled, not what it measures.

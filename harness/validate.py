@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import CONF_DIR, GROUPS, ConfigError, ModelConfig, RunConfig
+from harness.labels import INDUCTOR
 from harness.record import flatten
 
 RENAMED = {"prompt_len": "context_len"}  # keys of saved configs from earlier versions, and their names now
@@ -53,7 +54,7 @@ def check_overrides(args) -> None:
         if arg.startswith("-") or "=" not in arg or key.split(".")[0].split("/")[0] == "hydra" or key in GROUPS:
             continue
         check_keys([key])
-        if key.startswith("inductor.") and not arg.startswith("+"):  # Hydra's own refusal spans eight lines
+        if key.startswith(INDUCTOR) and not arg.startswith("+"):  # Hydra's own refusal spans eight lines
             raise ConfigError(f"{arg} adds an Inductor option, which the config does not hold yet: write +{arg}")
 
 
