@@ -109,6 +109,18 @@ def test_every_attention_backend_verifies_in_every_graph_mode(mode, attn):
         assert m["max_logit_diff"] == 0.0 and m["tokens_match"] == 1.0
 
 
+def test_triton_decode_verifies_between_inductor_kernels_that_launch_early():
+    """Inductor's kernels launched early (programmatic dependent launch, the fastest-bs1 preset's choice)
+    around triton-decode's two, launched the usual way: the one after _merge still waits for its output,
+    so the logits are eager's within rounding."""
+    cfg = run_config("model=tiny", "decode_tokens=40", "bs=3", "mode=compiled", "attn=triton-decode",
+                     "+inductor.triton.enable_pdl=true")
+    assert cfg.inductor == {"triton.enable_pdl": True}
+    result = measure(cfg)
+    assert result.failure is None, result.failure
+    assert result.metrics["verified"] == 1.0
+
+
 @pytest.mark.parametrize("attn", ["sdpa-gqa", "flex", "triton-decode"])
 def test_a_backend_at_a_long_context_matches_eager_and_fp32(attn):
     m = measure(run_config("model=qwen3-0.6b", "bs=2", "context_len=3000", "mode=graphed", f"attn={attn}",
