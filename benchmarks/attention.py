@@ -11,9 +11,9 @@ import types
 
 import torch
 
-from harness import attention
-from harness.roofline import ceilings
-from harness.timing import cuda_event_ms
+from harness.kernels import attention
+from harness.measure.roofline import ceilings
+from harness.clock import cuda_event_ms
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SHAPES = [(1, 1024, 1024), (1, 1280, 1034), (8, 16384, 160), (8, 16384, 16384), (8, 16640, 16522), (32, 33024, 32906)]
@@ -52,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replays", type=int, default=200)
     args = ap.parse_args()
-    attention.use_flex()
+    attention.use_flex(torch.device("cuda"))
     attention.use_triton_decode(torch.device("cuda"))
     bandwidth = ceilings(torch.device("cuda"))["copy_bytes_per_s"]
     print(f"| bs | cache | valid | {' | '.join(BACKENDS)} | valid-KV floor |")

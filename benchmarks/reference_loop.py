@@ -22,7 +22,8 @@ from transformers import StaticCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import models  # noqa: E402
-from harness.job import measure, seeded_prompt  # noqa: E402
+from harness.measure.job import measure, seeded_prompt  # noqa: E402
+from harness.modes.base import CACHE_KWARG  # noqa: E402
 from tests.support import run_config  # noqa: E402
 
 NUM_DECODE_TOKENS = 128
@@ -35,11 +36,11 @@ def reference_graphed(model, input_ids: torch.Tensor, max_cache_len: int) -> lis
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
 
     def prefill():
-        return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[:, -1:, :].argmax(dim=-1)
+        return model(input_ids=input_ids, **{CACHE_KWARG: cache}, use_cache=True).logits[:, -1:, :].argmax(dim=-1)
 
     next_tokens = prefill()
     for _ in range(WARMUP_STEPS):
-        out = model(input_ids=next_tokens, past_key_values=cache, use_cache=True)
+        out = model(input_ids=next_tokens, **{CACHE_KWARG: cache}, use_cache=True)
         next_tokens = out.logits[:, -1:, :].argmax(dim=-1)
     torch.cuda.synchronize()
 
@@ -49,10 +50,10 @@ def reference_graphed(model, input_ids: torch.Tensor, max_cache_len: int) -> lis
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            model(input_ids=static_input_ids, past_key_values=cache, use_cache=True)
+            model(input_ids=static_input_ids, **{CACHE_KWARG: cache}, use_cache=True)
     torch.cuda.current_stream().wait_stream(s)
     with torch.cuda.graph(g):
-        out = model(input_ids=static_input_ids, past_key_values=cache, use_cache=True)
+        out = model(input_ids=static_input_ids, **{CACHE_KWARG: cache}, use_cache=True)
     static_output_logits = out.logits
 
     cache.reset()
@@ -77,15 +78,15 @@ def reference_graphed(model, input_ids: torch.Tensor, max_cache_len: int) -> lis
 def reference_eager(model, input_ids: torch.Tensor, max_cache_len: int) -> list[float]:
     """An independent eager loop: the model called once per token, each call between two CUDA events."""
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-    next_tokens = model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[:, -1:, :].argmax(dim=-1)
+    next_tokens = model(input_ids=input_ids, **{CACHE_KWARG: cache}, use_cache=True).logits[:, -1:, :].argmax(dim=-1)
     for _ in range(WARMUP_STEPS):
-        next_tokens = model(input_ids=next_tokens, past_key_values=cache, use_cache=True).logits[:, -1:, :].argmax(dim=-1)
+        next_tokens = model(input_ids=next_tokens, **{CACHE_KWARG: cache}, use_cache=True).logits[:, -1:, :].argmax(dim=-1)
     torch.cuda.synchronize()
     events_pair = []
     for _ in range(NUM_DECODE_TOKENS - 1):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        logits = model(input_ids=next_tokens, past_key_values=cache, use_cache=True).logits
+        logits = model(input_ids=next_tokens, **{CACHE_KWARG: cache}, use_cache=True).logits
         end.record()
         events_pair.append((start, end))
         next_tokens = logits[:, -1:, :].argmax(dim=-1)

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness import attention  # registers the attention backends with transformers
-from harness.config import ConfigError, ModelConfig
+from harness.config.schema import ConfigError, ModelConfig
+from harness.kernels import attention_spec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -57,12 +57,9 @@ def release_models() -> None:
 
 
 def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device, seed: int):
-    if attn == "flex":
-        attention.use_flex()
-    if attn == "triton-decode":
-        attention.use_triton_decode(device)
+    attention_spec(attn).ready(device)  # registers the backend with transformers (and compiles what it needs)
     if cfg.weights is None:
-        return random_model(cfg, dtype, attn, device, seed), "random", f"seed={seed}"
+        return random_model(cfg, dtype, attn, device, seed), "random", f"seed={seed} std={init_std(cfg):.4g}"
     path = Path(cfg.weights).expanduser()
     kind = "checkpoint" if path.is_dir() else "hub"
     if kind == "checkpoint" and not any(path.glob("*.safetensors")):
@@ -78,11 +75,21 @@ def _load(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device,
     return model.to(device), kind, source
 
 
+def init_std(cfg: ModelConfig) -> float:
+    """The standard deviation random weights are drawn with: 2 / sqrt(hidden_size), unless the preset's `extra`
+    sets `initializer_range`. At transformers' default (0.02) a random model's residual stream stays its input
+    token's embedding, and with tied embeddings greedy decode repeats that token at nearly every step (87% of
+    steps for qwen3-0.6b, all of them for tiny), so a check of the loop's tokens could not tell a stale token
+    from a right one; at 2 / sqrt(hidden) 4% (tiny) and none (qwen3-0.6b) of 24 steps repeat the last (2 rows, on a CPU). The
+    value changes no shape, read or kernel of a step, only what the weights hold."""
+    return float(cfg.extra.get("initializer_range", 2 / cfg.hidden_size ** 0.5))
+
+
 def random_model(cfg: ModelConfig, dtype: torch.dtype, attn: str, device: torch.device, seed: int) -> nn.Module:
     """The architecture on the meta device (no memory, no initialisation), its storage allocated on the
     device (no host copy), then initialised once, seeded, by transformers' own initialisation (which also
-    computes the rotary tables): seconds for a 30B mixture of experts."""
-    config = AutoConfig.for_model(cfg.model_type, **cfg.architecture())
+    computes the rotary tables), at init_std: seconds for a 30B mixture of experts."""
+    config = AutoConfig.for_model(cfg.model_type, **{**cfg.architecture(), "initializer_range": init_std(cfg)})
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     model.to_empty(device=device)

@@ -37,7 +37,9 @@ class JobRecord:
     experiment: str = "harness"
     parent_run_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags (rerun_of, ...)
-    started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    varying: list[str] = field(default_factory=list)  # the keys its sweep varies, named in its label and row
+    started: str = field(default_factory=lambda: now_utc())  # when the job started, to the millisecond
+    ended: str = ""  # when it ended (measured, failed or was killed): with `started`, where a GPU was busy
     status: str = "RUNNING"
     reason: str | None = None
     config_hash: str = ""
@@ -73,6 +75,10 @@ class JobRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     flat: dict[str, object] = {}
     for key, value in tree.items():
@@ -91,6 +97,17 @@ def failure_summary(records: list[JobRecord]) -> str | None:
     return f"{len(failed)} of {len(records)} jobs failed: " + "; ".join(f"{r.label}: {r.reason}" for r in failed[:3])
 
 
+NOT_LOGGED = 3  # the exit status of a run or sweep whose jobs all ran but not all reached the store
+
+
+def unlogged(records: list[JobRecord]) -> list[JobRecord]:
+    """The records the store does not hold (it was down, or refused them): kept on disk for `harness sync`."""
+    return [r for r in records if r.status != "SKIPPED" and not r.mlflow_run_id]
+
+
 def exit_code(records: list[JobRecord]) -> int:
-    """A run or sweep exits 1 when any job needs attention (failed, killed), 0 otherwise."""
-    return 0 if all(r.ok for r in records) else 1
+    """A run or sweep exits 1 when any job needs attention (failed, killed), else 3 when a result did not reach
+    the store, 0 otherwise."""
+    if not all(r.ok for r in records):
+        return 1
+    return NOT_LOGGED if unlogged(records) else 0

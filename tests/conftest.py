@@ -6,8 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import models
-from tests.support import FAST, SECRET, MlflowServer, run_harness
+from harness.kernels.triton_runtime import interpret_without_gpu
+
+interpret_without_gpu()  # as the command line does, before anything imports triton: its interpreter on a CPU
+
+from harness import models  # noqa: E402
+from tests.support import FAST, SECRET, MlflowServer, run_harness  # noqa: E402
 
 
 @pytest.fixture

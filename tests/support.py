@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from harness.config import CONF_DIR, RunConfig
-from harness.validate import to_run_config
-from harness.environment import SET_BY_TORCH
+from harness.config.schema import CONF_DIR, RunConfig
+from harness.config.validate import to_run_config
+from harness.measure.environment import SET_BY_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
 # The tree whose CLI the subprocess tests run: this one, or another checkout (to show a regression test

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import cli
+from harness.cli import commands as cli
 from tests.support import runs_by_kind
 
 pytestmark = pytest.mark.e2e  # real subprocesses of the CLI: run with `-m e2e`, left out of `-m "not e2e"`

@@ -1,4 +1,4 @@
-"""Issue 14: `harness compare` (matching, bootstrap verdicts, exit status, files on the candidate's parent)
+"""`harness compare` (matching, bootstrap verdicts, exit status, files on the candidate's parent)
 and `harness export`."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from harness import cli
-from harness.compare import compare, environment_diff, parse_threshold
-from harness.config import ConfigError
+from harness.cli import commands as cli
+from harness.analysis.compare import compare, environment_diff, parse_threshold
+from harness.config.schema import ConfigError
 from harness.record import JobRecord
 from tests.support import FAST, run_harness, runs_by_kind, store
 

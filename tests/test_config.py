@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from harness.config import CONF_DIR
-from harness.config import ConfigError, RunConfig
-from harness.validate import to_run_config
+from harness.config.schema import CONF_DIR
+from harness.config.schema import ConfigError, RunConfig
+from harness.config.validate import to_run_config
 from tests.support import REPO, compose_cfg, run_config
 
 
@@ -22,7 +22,7 @@ def test_defaults_are_qwen3_0_6b_eager():
     cfg = run_config()
     assert cfg.model.name == "qwen3-0.6b" and cfg.mode == "eager"
     assert (cfg.bs, cfg.decode_tokens, cfg.warmup, cfg.device) == (1, 128, 10, "auto")
-    assert cfg.dtype.value == "bf16" and cfg.attn.value == "sdpa"
+    assert cfg.dtype.value == "bf16" and cfg.attn == "sdpa"
     assert cfg.model.weights is None
 
 

@@ -1,15 +1,15 @@
-"""Issue 4 on CPU: byte and FLOP counts by hand, the report on a real tiny sweep, a real mlflow server."""
+"""Where the time goes, on CPU: byte and FLOP counts by hand, the report on a real tiny sweep, a real mlflow server."""
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.labels import run_variant
-from harness import report
-from harness.report import table_markdown
-from harness.roofline import floor, implementation_bytes, kv_read_factor, slots_read, step_cost
-from harness.summary import speedups
+from harness.config.labels import run_variant
+from harness.analysis import report
+from harness.analysis.report import table_markdown
+from harness.measure.roofline import floor, implementation_bytes, kv_read_factor, slots_read, step_cost
+from harness.analysis.summary import speedups
 from tests.support import run_config
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -86,7 +86,7 @@ def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
     assert run_variant({"mode": "graphed", "graph_steps": 4, "model.fuse_projections": False}) == "graphed steps=4"
     runs = [("eager", "eager fused", 8.0), ("eager", "eager", 10.0), ("compiled", "compiled fused", 2.0),
             ("compiled", "compiled max-autotune fused", 1.0)]
-    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="bf16", mode=mode,
+    rows = [dict(id=i, name=f"run {i}", status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="bf16", mode=mode,
                  variant=variant, median_ms=ms, efficiency=None, floor_ms=None, reason="")
             for i, (mode, variant, ms) in enumerate(runs)]
     assert speedups(rows) == {0: 1.25, 1: 1.0, 2: 5.0, 3: 10.0}
@@ -98,7 +98,7 @@ def test_variants_get_their_own_columns_against_the_plain_eager_baseline():
 def test_the_context_plot_has_a_line_per_mode_and_attn_and_the_floor(monkeypatch, tmp_path):
     drawn = {}
     monkeypatch.setattr(report, "_draw", lambda series, floors, x, *a: drawn.setdefault(x, (series, floors)))
-    rows = [dict(id=f"{attn}{ctx}", status="FINISHED", model="qwen3-0.6b", cache_len=ctx + 256, bs=8, context_len=ctx,
+    rows = [dict(id=f"{attn}{ctx}", name=f"{attn}{ctx}", status="FINISHED", model="qwen3-0.6b", cache_len=ctx + 256, bs=8, context_len=ctx,
                  dtype="bf16", mode="graphed", variant=run_variant({"mode": "graphed", "attn": attn}),
                  median_ms=ms * ctx / 1024, efficiency=0.5, floor_ms=ctx / 4096, reason="", ci_low=None, ci_high=None)
             for attn, ms in (("sdpa", 7.0), ("flex", 2.0)) for ctx in (1024, 4096, 16384)]
@@ -128,7 +128,7 @@ def test_a_model_sweep_plots_speedup_and_latency_against_model_size(monkeypatch,
     drawn = {}
     monkeypatch.setattr(report, "_draw", lambda series, floors, x, ylabel, path: drawn.setdefault(path.stem, (series, floors)))
     sizes = {"qwen3-0.6b": 0.75e9, "qwen3-8b": 8.2e9}
-    rows = [dict(id=f"{m}{mode}{bs}", status="FINISHED", model=m, cache_len=256, bs=bs, context_len=16, dtype="bf16",
+    rows = [dict(id=f"{m}{mode}{bs}", name=f"{m}{mode}{bs}", status="FINISHED", model=m, cache_len=256, bs=bs, context_len=16, dtype="bf16",
                  mode=mode, variant=mode, median_ms=ms * size / 1e9, efficiency=0.5, floor_ms=size / 4e9,
                  parameters=size, reason="", ci_low=None, ci_high=None)
             for m, size in sizes.items() for bs in (1, 8) for mode, ms in (("eager", 20.0), ("graphed", 5.0))]

@@ -8,14 +8,14 @@ import torch
 from transformers import StaticCache
 
 from harness import models
-from harness.config import ConfigError
-from harness.job import JobError, measure, seeded_prompt
-from harness.timing import run_steps, timed_decode
-from harness.verify import (INEXACT_BOUND, RECHECKS, TIE_TOLERANCE, VERIFY_TOKENS, Trace, _decoded_tokens as judge_tokens,
+from harness.config.schema import ConfigError
+from harness.measure.job import JobError, measure, seeded_prompt
+from harness.measure.timing import run_steps, timed_decode
+from harness.measure.verify import (INEXACT_BOUND, RECHECKS, TIE_TOLERANCE, VERIFY_TOKENS, Trace, _decoded_tokens as judge_tokens,
                             _exact as judge_logits, _free_run, computed_in_fp32, verify)
 from harness.modes.base import prefill
 from harness.modes.eager import EagerStepper
-from harness.stats import step_stats
+from harness.measure.stats import step_stats
 from tests.support import FAST, run_config
 
 
@@ -226,7 +226,7 @@ def test_an_unmutated_run_verifies_every_block():
 
 
 def test_the_physical_gpu_is_found_through_cuda_visible_devices(monkeypatch):
-    from harness.environment import _visible_gpu
+    from harness.measure.environment import _visible_gpu
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # as SLURM binds two GPUs to a job
     assert _visible_gpu(0) == "3" and _visible_gpu(1) == "5" and _visible_gpu(2) is None

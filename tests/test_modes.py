@@ -1,4 +1,4 @@
-"""Issue 3's modes on CPU: bucket choice and padding, config checks, fused projections, Inductor."""
+"""The decode modes on CPU: bucket choice and padding, config checks, fused projections, Inductor."""
 from __future__ import annotations
 
 import subprocess
@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from harness import models
-from harness.config import ConfigError, config_hash
-from harness.job import JobError, measure, seeded_prompt
+from harness.config.schema import ConfigError, config_hash
+from harness.measure.job import JobError, measure, seeded_prompt
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import pad_rows
 from harness.modes.bucketed import pick_bucket
 from harness.modes.eager import EagerMode, EagerStepper
-from harness.report import table_markdown
-from harness.timing import advance, run_steps
-from harness.validate import check_overrides
+from harness.analysis.report import table_markdown
+from harness.measure.timing import advance, run_steps
+from harness.config.validate import check_overrides
 from tests.support import FAST, run_config
 
 CPU = torch.device("cpu")
@@ -144,6 +144,7 @@ def test_inductor_options_are_named_as_inductor_names_them_and_keep_old_hashes()
     assert config_hash({**stored, "inductor": {"epilogue_fusion": False}}) != config_hash(stored)
 
 
+@pytest.mark.slow
 def test_inductor_options_are_in_force_while_the_step_compiles(monkeypatch):
     from torch._inductor import config as inductor_config
     from torch._inductor.graph import GraphLowering
@@ -162,6 +163,7 @@ def test_inductor_options_are_in_force_while_the_step_compiles(monkeypatch):
     assert seen and set(seen) == {(False, True)}  # the run's option over the mode's own (max_autotune kept)
 
 
+@pytest.mark.slow
 def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32"))
     assert result.failure is None
@@ -191,7 +193,7 @@ def test_a_new_mode_is_one_class_and_one_registry_line(monkeypatch):
     result = measure(run_config(*FAST, "mode=throwaway", "device=cpu", "dtype=fp32"))
     assert result.failure is None and result.mode_tags["throwaway"] == "yes"
     assert result.metrics["tokens_match"] == 1.0 and result.metrics["max_logit_diff"] == 0  # verified like any mode
-    rows = [dict(id=i, status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="fp32", mode=mode,
+    rows = [dict(id=i, name=f"run {i}", status="FINISHED", model="tiny", cache_len=64, bs=1, context_len=8, dtype="fp32", mode=mode,
                  variant=mode, median_ms=1.0, efficiency=None, floor_ms=None, reason="")
             for i, mode in enumerate(["throwaway", "compiled", "eager"])]
     assert table_markdown(rows).splitlines()[0] == "| model | context_len | cache_len | bs | eager | compiled | throwaway |"

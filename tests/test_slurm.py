@@ -1,4 +1,4 @@
-"""Issue 6 on a real single-node SLURM cluster (Debian's slurm-wlm and munge, started here) and a real
+"""Sweeps handed to SLURM on a real single-node cluster (Debian's slurm-wlm and munge, started here) and a real
 `mlflow server` on 127.0.0.1: a sweep submitted through hydra/launcher=slurm."""
 from __future__ import annotations
 

@@ -72,15 +72,15 @@ def test_failures_are_recorded_and_the_rest_still_runs(workdir):
                                                                else "")
     by_name = {(c.info.run_name, c.data.params.get("dtype")): c for c in children}
     assert len(children) == 12  # the 6 that Hydra cannot compose (dtype=int3) are recorded too
-    assert by_name["tiny bs=1 ctx=8 cache=64 eager", "bf16"].info.status == "FINISHED"
+    assert by_name["tiny bs=1 ctx=8 cache=64 eager dtype=bf16", "bf16"].info.status == "FINISHED"
     reasons = {key: c.data.tags.get("failure_reason", "") for key, c in by_name.items()}
-    assert "bs=0 is invalid" in reasons["tiny bs=0 ctx=8 cache=64 eager", "bf16"]
-    assert "mode=bogus is invalid: use one of eager, graphed, bucketed" in reasons["tiny bs=1 ctx=8 cache=64 bogus", "bf16"]
+    assert "bs=0 is invalid" in reasons["tiny bs=0 ctx=8 cache=64 eager dtype=bf16", "bf16"]
+    assert "mode=bogus is invalid: use one of eager, graphed, bucketed" in reasons["tiny bs=1 ctx=8 cache=64 bogus dtype=bf16", "bf16"]
     rejected = [reason for (_, dtype), reason in reasons.items() if dtype is None]
     assert len(rejected) == 6 and all("expected one of [bf16, fp16, fp32]" in r for r in rejected)
     assert all("weights" not in c.data.tags for c in children if c.info.status == "FAILED")  # no build, no claim
     if not torch.cuda.is_available():
-        assert "mode=graphed needs a CUDA GPU" in reasons["tiny bs=1 ctx=8 cache=64 graphed", "bf16"]
+        assert "mode=graphed needs a CUDA GPU" in reasons["tiny bs=1 ctx=8 cache=64 graphed dtype=bf16", "bf16"]
         assert "1 finished, 11 failed" in proc.stdout
     assert "mode=bogus is invalid: use one of eager, graphed, bucketed" in proc.stdout  # the summary says why
 

@@ -1,4 +1,4 @@
-"""Issue 5: reruns by id, resume, faults survived, nothing lost, nothing executed from a store.
+"""Runs to trust: reruns by id, resume, faults survived, nothing lost, nothing executed from a store.
 Real subprocesses of the CLI against real SQLite stores."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from harness import cli
-from harness.redact import redact
+from harness.cli import commands as cli
+from harness.store.redact import redact
 from tests.support import FAST, QUICK_STORE, REPO, free_port, harness_env, run_harness, runs_by_kind, stop_group, store, wait_for_http
 
 pytestmark = pytest.mark.e2e  # real subprocesses of the CLI: run with `-m e2e`, left out of `-m "not e2e"`
@@ -133,7 +133,7 @@ def test_credentials_in_a_tracking_uri_are_redacted():
 
 def test_harness_ui_serves_the_store_on_loopback_only_without_mlflow_on_path(workdir):
     port = free_port()
-    bare_path = {"PATH": "/usr/bin:/bin"}  # no venv bin/ (issue 11, item 12): mlflow comes from this interpreter
+    bare_path = {"PATH": "/usr/bin:/bin"}  # no venv bin/ (a user's PATH without the venv): mlflow comes from this interpreter
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ui", "--port", str(port)], cwd=workdir,
                             env=harness_env(bare_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

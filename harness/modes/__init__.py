@@ -6,8 +6,9 @@ mode is one module under harness/modes/ plus one `register(ModeSpec(...))` line 
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
+
+from harness.registry import Registry, load
 
 
 @dataclass(frozen=True)
@@ -18,22 +19,11 @@ class ModeSpec:
     compile_modes: tuple[str, ...] = ()  # torch.compile modes it takes; the first is its default
 
     def mode_class(self) -> type:
-        module, _, cls = self.target.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        return load(self.target)
 
 
-MODES: dict[str, ModeSpec] = {}
-
-
-def register(spec: ModeSpec) -> ModeSpec:
-    MODES[spec.name] = spec
-    return spec
-
-
-def spec(name: str) -> ModeSpec:
-    if name not in MODES:
-        raise KeyError(f"mode={name} is invalid: use one of {', '.join(MODES)}")
-    return MODES[name]
+MODES = Registry("mode")
+register, spec = MODES.register, MODES.spec
 
 
 register(ModeSpec("eager", "harness.modes.eager:EagerMode"))

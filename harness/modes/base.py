@@ -10,10 +10,17 @@ caller writes the argmax back into `input_ids`.
 """
 from __future__ import annotations
 
+import inspect
 from typing import ClassVar
 
 import torch
 from transformers import StaticCache
+from transformers.masking_utils import create_causal_mask
+
+# The keyword that hands a model its KV cache: `cache` in the transformers releases that deprecate
+# `past_key_values` (5.23 on; it goes in 5.40), `past_key_values` before (5.17 on the H200). The models of
+# every family and the masking functions took the rename in one release, so one signature tells.
+CACHE_KWARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 # A prefill chunk's mask (rows x chunk x cache slots) stays under this: where SDPA falls back to its math
 # kernel (fp32, the verification's reference), the scores take heads x 4 bytes per element of it.
@@ -30,13 +37,13 @@ def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor
     """Eager prefill of the whole prompt, in chunks where it is long; returns the first greedy token [rows, 1]."""
     chunk = prefill_chunk(prompt.shape[0], prompt.shape[1], cache.layers[0].max_cache_len)
     for start in range(0, prompt.shape[1], chunk):
-        out = model(input_ids=prompt[:, start:start + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=prompt[:, start:start + chunk], **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
 
 def forward_step(model: torch.nn.Module, cache, input_ids: torch.Tensor) -> torch.Tensor:
     """One decode step; the StaticCache advances its own device-side position."""
-    return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[:, -1, :]
+    return model(input_ids=input_ids, **{CACHE_KWARG: cache}, use_cache=True).logits[:, -1, :]
 
 
 def pad_rows(prompt: torch.Tensor, rows: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from harness.modes.base import DecodeMode
 from harness.modes.eager import EagerStepper
 from harness.modes.graphed import GraphedStepper
-from harness.timing import MiB, median_call_ms
+from harness.clock import MiB, median_call_ms
 
 PADDING_PROBE_CALLS = 50  # replays timed on each of the bucket graph and an exact-bs graph
 

@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-from harness.environment import device_index
+from harness.clock import device_index
 from harness.modes import spec
 from harness.modes.base import DecodeMode, Stepper, forward_step
 

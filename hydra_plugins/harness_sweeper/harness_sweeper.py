@@ -44,10 +44,10 @@ class HarnessSweeper(BasicSweeper):
         self.rejected = 0
 
     def get_job_batch(self) -> List[List[str]]:
-        from harness.progress import say
-        from harness.app import record_rejected, update_sweep_file
+        from harness.cli.plugin_api import note_sweep_size, record_rejected, say
 
         batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
+        note_sweep_size(self._sweep_dir(), len(batch), 0, batch)  # the varying keys, before any job is recorded
         legal = []
         for overrides in batch:
             try:
@@ -58,7 +58,7 @@ class HarnessSweeper(BasicSweeper):
                 continue
             legal.append(overrides)
         total = sum(len(b) for b in self.overrides)
-        update_sweep_file(self._sweep_dir(), n_jobs=len(legal), n_rejected=self.rejected)
+        note_sweep_size(self._sweep_dir(), len(legal), self.rejected, batch)
         say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected → {self._sweep_dir()}")
         return legal
 

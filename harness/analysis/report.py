@@ -1,0 +1,182 @@
+"""A sweep read back through MLflow's client: a table, plots and a markdown summary, logged as
+artifacts of the sweep's parent run so that they show in the MLflow UI."""
+from __future__ import annotations
+
+import re
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
+
+from harness.store import results, tracking  # noqa: E402
+from harness.modes import MODES  # noqa: E402
+from harness.analysis.rows import Row, row_of  # noqa: E402
+from harness.analysis.summary import speedup_intervals, speedup_text, speedups  # noqa: E402
+
+
+def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list[Row]]:
+    """The sweep's parent run and one row per job run (failed ones included, with their reason), each from the
+    run's logged result.json. A job that a resumed sweep skipped is shown by the finished run that stood in for it."""
+    parent = tracking.get_run(uri, parent_id) if parent_id else tracking.newest_sweep(uri, experiment)
+    runs = [(run.info.run_id, "") for run in tracking.children(uri, parent)]
+    runs += [(twin, f" (resumed: run {twin})") for key, twin in sorted(parent.data.tags.items())
+             if key.startswith("harness.resumed.")]
+    return parent, [row_of(tracking.load_result(uri, run_id), note) for run_id, note in runs]
+
+
+def table_markdown(rows: list[Row]) -> str:
+    """Rows: model x context_len x cache_len x bs; columns: modes and their variants (fused, flex, ...);
+    cells: median ms/step, speedup over eager, efficiency against the useful floor."""
+    if not rows:
+        return "(no job runs in this sweep)"
+    speedup, interval = speedups(rows), speedup_intervals(rows)
+    known = list(MODES)
+    order = lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v)  # noqa: E731
+    modes = sorted({r["variant"] for r in rows}, key=order)
+    cells: dict[tuple, dict[str, str]] = defaultdict(dict)
+    shared: dict[tuple, list[str]] = defaultdict(list)  # (row, column) -> the names of the runs in that cell
+    for r in rows:
+        key = (r["model"], r["context_len"], r["cache_len"], r["bs"])
+        text = _cell(r, speedup_text(speedup.get(r["id"]), interval.get(r["id"])))
+        cells[key][r["variant"]] = f"{cells[key][r['variant']]} / {text}" if r["variant"] in cells[key] else text
+        shared[(key, r["variant"])].append(r["name"])
+    lines = ["| model | context_len | cache_len | bs | " + " | ".join(modes) + " |",
+             "|---|---:|---:|---:|" + "---|" * len(modes)]
+    for key in sorted(cells, key=lambda k: (k[0] or "", *(x or 0 for x in k[1:]))):  # an unrun job has no config
+        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
+    lines += [f"\nRuns sharing a cell (their configs differ in keys the table does not show): {'; '.join(names)}"
+              for names in shared.values() if len(names) > 1]
+    return "\n".join(lines)
+
+
+def _cell(row: Row, speedup: str) -> str:
+    if row["status"] != "FINISHED":
+        return f"{row['status']}: {row['reason'][:80]}"
+    spread = f" ±{row['ci_pct']:.1f}%" if row.get("ci_pct") is not None else ""
+    parts = [f"{row['median_ms']:.3f} ms{spread}" + (" noisy" if row.get("noisy") else "")]
+    if speedup != "-":
+        parts.append(speedup)
+    if row["efficiency"] is not None:
+        parts.append(f"eff {100 * row['efficiency']:.1f}%")
+    return ", ".join(parts)
+
+
+PLOTS = (("latency_vs_bs", "bs", "median_ms", "median ms/step"),
+         ("speedup_vs_bs", "bs", "speedup", "speedup over eager"),
+         ("latency_vs_context_len", "context_len", "median_ms", "median ms/step (dashed: the useful floor)"),
+         ("speedup_vs_model_size", "parameters", "speedup", "speedup over eager"),
+         ("latency_vs_model_size", "parameters", "median_ms", "median ms/step (dashed: the useful floor)"))
+# the other keys that split a plot's lines (a derived cache follows the context; the model is the size)
+SPLIT_BY = {"context_len": ("bs",), "parameters": ("bs", "context_len")}
+
+
+def plots(rows: list[Row], out_dir: Path) -> list[Path]:
+    speedup = speedups(rows)
+    ok = [{**r, "speedup": speedup.get(r["id"])} for r in rows if r["status"] == "FINISHED"]
+    made = []
+    for name, x, y, ylabel in PLOTS:
+        if x in SPLIT_BY and len({r.get(x) for r in ok}) < 2:
+            continue  # one context, one model: no such axis
+        others = [k for k in SPLIT_BY.get(x, ("context_len", "cache_len")) if len({r[k] for r in ok}) > 1]
+        model = (lambda r: ()) if x == "parameters" else (lambda r: (r["model"],))  # noqa: E731
+        series: dict[tuple, list[tuple]] = defaultdict(list)
+        for r in (r for r in ok if r[y] is not None):
+            series[(*model(r), r["variant"], *(f"{k}={r[k]}" for k in others))].append((r[x], r[y]))
+        floors: dict[tuple, set] = defaultdict(set)
+        for r in (r for r in ok if y == "median_ms" and x in SPLIT_BY and r["floor_ms"] is not None):
+            floors[(*model(r), "floor", *(f"{k}={r[k]}" for k in others))].add((r[x], r["floor_ms"]))
+        if series:
+            made.append(_draw(series, floors, x, ylabel, out_dir / f"{name}.png"))
+    return made
+
+
+def _draw(series: dict, floors: dict, x: str, ylabel: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(series.items(), key=lambda item: _natural(item[0])):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=" ".join(label))
+    for label, points in sorted(floors.items(), key=lambda item: _natural(item[0])):
+        points = sorted(points)
+        ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", color="grey", label=" ".join(label))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log") if floors else None
+    if x == "parameters":  # a tick at each model's size
+        sizes = sorted({p[0] for points in series.values() for p in points})
+        ax.set_xticks(sizes, [f"{v / 1e9:.3g}B" for v in sizes], fontsize=7)
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _natural(label: tuple) -> list:
+    """bs=8 before bs=32: numbers in a label compare as numbers."""
+    return [int(part) if part.isdigit() else part for text in label for part in re.split(r"(\d+)", str(text))]
+
+
+def ratio_plot(pairs, path: Path) -> Path:
+    """`harness compare`'s pairs: candidate / baseline with its 95% interval, one bar per run."""
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(pairs) + 1.5))
+    y = range(len(pairs))
+    ax.errorbar([p.ratio for p in pairs], y, xerr=[[p.ratio - p.low for p in pairs], [p.high - p.ratio for p in pairs]],
+                fmt="o", capsize=3)
+    ax.axvline(1.0, color="grey", linestyle="--")
+    ax.set_yticks(list(y), [p.label for p in pairs], fontsize=7)
+    ax.set_xlabel("candidate / baseline median step time (95% interval)")
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path | None) -> tuple[str, list[Path], str]:
+    """Write summary.md and the plots into out_dir (a temporary folder unless told) and log them on the parent
+    run; returns the summary's text, the files written (summary.md first) and the parent's id."""
+    parent, rows = load(uri, parent_id, experiment)
+    out_dir = out_dir or default_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = [r for r in rows if r["status"] != "FINISHED"]
+    summary = [f"# Sweep {parent.info.run_name} ({parent.info.run_id})", "",
+               f"{len(rows) - len(failed)} finished, {len(failed)} failed.", "", table_markdown(rows), ""]
+    summary += [f"- {r['status']} {r['name']}: {r['reason']}" for r in failed]
+    text = "\n".join(summary) + "\n"
+    (out_dir / "summary.md").write_text(text)
+    made = plots(rows, out_dir)
+    made = [out_dir / "summary.md", *made]
+    for path in made:
+        tracking.client(uri).log_artifact(parent.info.run_id, str(path), "report")
+    return text, made, parent.info.run_id
+
+
+def from_records(records, title: str, out_dir: Path, notes: list[str] = ()) -> list[Path]:
+    """summary.md and the plots of a sweep that just ended, from its result files (no store query)."""
+    rows = [row_of(r) for r in records]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.md").write_text("\n".join([f"# {title}", "", table_markdown(rows), "", *notes]) + "\n")
+    return [out_dir / "summary.md", *plots(rows, out_dir)]
+
+
+def from_folder(folder: Path, out_dir: Path | None) -> list[Path]:
+    """The report of every result file under `folder` (sub-sweeps of one plan, run where no store was). A
+    config that ran more than once shows its latest run; the earlier ones are listed under the table."""
+    records = sorted(results.read_folder(folder), key=lambda r: (r.status != "SKIPPED", r.started))
+    latest = {r.config_hash or r.result_id: r for r in records}  # the later run of a config replaces the earlier
+    kept = {id(r) for r in latest.values()}  # (a resumed sweep's SKIPPED record sorts first: it never replaces one)
+    notes = [f"- {'skipped by resume' if r.status == 'SKIPPED' else 'ran again later'}, not in the table: "
+             f"{r.label} {r.status} ({r.job_dir or '?'})" for r in records if id(r) not in kept]
+    return from_records(list(latest.values()), f"results under {folder}", out_dir or default_dir(), notes)
+
+
+def default_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="harness-report-"))

@@ -1,0 +1,224 @@
+"""The subcommands beside the Hydra entry point: report, rerun, sync, compare, export, ui. Thin: parse, then call down.
+Every error is one line on stderr with a non-zero exit; its traceback goes to a log file the line names."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import traceback
+from datetime import datetime
+from pathlib import Path
+
+
+from harness.store import results, retry, runlog, tracking
+from harness.cli import COMMANDS
+from harness.config.schema import ConfigError
+from harness.progress import say
+from harness.record import JobRecord
+from harness.store.redact import redact
+
+LOG_DIR = Path.home() / ".cache" / "harness" / "logs"
+
+
+class UsageError(ValueError):
+    """A command line argparse refused."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--tracking-uri", default=argparse.SUPPRESS, help="default: $MLFLOW_TRACKING_URI, else ./mlruns")
+    parser = Parser(prog="harness", parents=[store], description="harness subcommands; without one, "
+                    "`harness [overrides]` runs a job or a sweep (-m)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    p = sub.add_parser("rerun", parents=[store], help="run a logged run (or a whole sweep, given its parent) again")
+    p.add_argument("run_id")
+    p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="changes, e.g. decode_tokens=512")
+    p = sub.add_parser("sync", parents=[store], help="log every result.json under a folder that the store lacks, once")
+    p.add_argument("output_dir", type=Path)
+    p.add_argument("--experiment", default=None, help="default: the one each result names")
+    p = sub.add_parser("report", parents=[store], help="a sweep's table, plots and summary, logged on its parent run "
+                       "(or of every result under an outputs/ folder, several sweeps' included)")
+    p.add_argument("sweep_run_id", nargs="?", default=None, help="a parent run id or a folder (default: the newest sweep)")
+    p.add_argument("--experiment", default="harness")
+    p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
+    p = sub.add_parser("compare", parents=[store], help="two sweeps (runs, outputs/ folders) matched by config: "
+                       "ratios with intervals, verdicts; exit 1 when any run is slower")
+    p.add_argument("baseline")
+    p.add_argument("candidate")
+    p.add_argument("--ignore", action="append", default=[], metavar="KEY", help="a config key to match across")
+    p.add_argument("--threshold", default="3%", help="a change smaller than this is `same` (default: 3%%)")
+    p.add_argument("--out", type=Path, default=None, help="where to write compare.md/.json/.png (default: a temp folder)")
+    p = sub.add_parser("export", parents=[store], help="a sweep (run, outputs/ folder) as CSV or JSON, one row per run")
+    p.add_argument("run_id")
+    p.add_argument("--format", default="csv", choices=("csv", "json"))
+    p.add_argument("--out", type=Path, default=None, help="a file to write (default: stdout)")
+    p = sub.add_parser("plan", parents=[store], help="the jobs a command would run, with each one's time from the "
+                       "store's past runs of the same config, and the total (runs nothing)")
+    p.add_argument("-m", "--multirun", action="store_true", help="accepted as the sweep would take it (ignored)")
+    p.add_argument("--experiment", default="harness")
+    p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="as the sweep's command line")
+    p = sub.add_parser("ui", parents=[store], help="browse the store in MLflow's UI (on 127.0.0.1 unless told otherwise)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    command, uri = next((a for a in argv if a in COMMANDS), ""), None
+    try:
+        args = build_parser().parse_args(argv)
+        # a command given a run id reads a store that must exist: asking a missing one would create it empty
+        named = [getattr(args, k, None) for k in ("sweep_run_id", "baseline", "candidate", "run_id")]
+        reads_store = args.command == "rerun" or args.command in ("report", "compare", "export") and any(
+            n is not None and not _is_dir(n) for n in named)
+        uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=reads_store,
+                         create=args.command not in ("compare", "export", "report", "plan"))
+        return _run(args, uri)
+    except Exception as err:  # noqa: BLE001 - one line for any error, the traceback in a file
+        if uri is not None and retry.is_transient(err):
+            err = tracking.StoreError(f"cannot reach the tracking store {uri} ({type(err).__name__}); is it up? "
+                                      "Results kept on disk can be logged later with `harness sync`")
+        return _fail(command, err)
+
+
+def _run(args, uri: str) -> int:
+    if args.command == "rerun":
+        from harness.cli.rerun import rerun
+
+        return rerun(uri, args.run_id, args.overrides)
+    if args.command == "sync":
+        return sync(uri, args.output_dir, args.experiment)
+    if args.command == "report":
+        return report(uri, args.sweep_run_id, args.experiment, args.out)
+    if args.command == "compare":
+        from harness.analysis import compare
+
+        threshold = compare.parse_threshold(args.threshold)
+        return compare.run(uri, args.baseline, args.candidate, args.ignore, threshold, args.out)
+    if args.command == "export":
+        return export(uri, args.run_id, args.format, args.out)
+    if args.command == "plan":
+        from harness.cli.plan import plan
+
+        has_store = not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file()
+        return plan(uri if has_store else None, args.experiment, args.overrides)
+    return ui(uri, args.host, args.port)
+
+
+def export(uri: str, given: str, fmt: str, out: Path | None) -> int:
+    from harness.analysis import export as sweep_export
+
+    text = sweep_export.run(uri, given, fmt)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        print(f"wrote {out}")
+    return 0
+
+
+def _fail(command: str, err: Exception) -> int:
+    known = isinstance(err, (ConfigError, UsageError, tracking.StoreError))
+    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    line = f"harness {command}: " if command else "harness: "
+    line += redact(message if known else f"{type(err).__name__}: {message}")
+    if not known:  # a user's error (a bad value, a missing run or folder) needs no traceback
+        log = _write_log(command, traceback.format_exc())
+        line += f" (traceback: {log})" if log else ""
+    print(line, file=sys.stderr)
+    return 2
+
+
+def _write_log(command: str, text: str) -> Path | None:
+    try:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        path = LOG_DIR / f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{command or 'harness'}.log"
+        path.write_text(redact(text))
+        return path
+    except OSError:
+        return None
+
+
+def _store_uri(given: str | None, must_exist: bool, create: bool = True) -> str:
+    """The store to use; a command that only reads refuses to create an empty one."""
+    uri = tracking.resolve_uri(given, create=create and not must_exist)
+    if must_exist and uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise tracking.StoreError(f"no tracking store at {uri}: run a sweep here first, or pass --tracking-uri "
+                                  "(or set MLFLOW_TRACKING_URI)")
+    return uri
+
+
+def sync(uri: str, output_dir: Path, experiment: str | None) -> int:
+    """Import the result files the store is missing, each exactly once (matched by result id); first,
+    mark the abandoned runs of every experiment the folder names (a sweep killed before any job ended too)."""
+    if not output_dir.is_dir():
+        raise ConfigError(f"{output_dir} is not a folder of harness outputs")
+    bad: list[Exception] = []
+    found = results.read_dir(output_dir, on_error=bad.append)
+    for err in bad:
+        say(f"error: {err}")
+    for exp in {experiment} if experiment else _experiments(output_dir, [r for _, r in found]):
+        tracking.mark_abandoned(uri, exp)
+    imported = present = 0
+    parents: dict[str, str] = {}
+    for path, record in found:
+        exp = experiment or record.experiment
+        if record.status == "SKIPPED" or tracking.find_result(uri, exp, record.result_id):
+            present += 1
+            continue
+        parent = record.parent_run_id
+        if not (parent and tracking.run_exists(uri, parent)):
+            if exp not in parents:
+                parents[exp] = tracking.start_parent(uri, exp, f"sync {output_dir}", "sync",
+                                                     {"sync_dir": str(output_dir.resolve())})
+            parent = parents[exp]
+        runlog.log_job(uri, exp, parent, record, path.parent)
+        imported += 1
+    for parent in parents.values():
+        tracking.end_run(uri, parent, "FINISHED")
+    print(f"sync {output_dir}: {imported} imported, {present} already in the store, {len(bad)} unreadable")
+    return 1 if bad else 0
+
+
+def _experiments(output_dir: Path, records: list[JobRecord]) -> set[str]:
+    from harness.cli.sweep_file import SWEEP_FILE, read_sweep_file
+
+    names = {r.experiment for r in records} | {"harness"}
+    return names | {read_sweep_file(p.parent).get("experiment", "harness") for p in output_dir.glob(f"**/{SWEEP_FILE}")}
+
+
+def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None) -> int:
+    from harness.analysis import report as sweep_report
+
+    if _is_dir(sweep_run_id):  # the output folder (a temporary one unless told) is made once the input is read
+        made = sweep_report.from_folder(Path(sweep_run_id), out)
+        print(made[0].read_text())
+        print(f"wrote {', '.join(p.name for p in made)} in {made[0].parent} (from the result files; logged nowhere)")
+        return 0
+    text, made, parent = sweep_report.build(uri, sweep_run_id, experiment, out)
+    print(text)
+    print(f"wrote {', '.join(p.name for p in made)} in {made[0].parent}; logged under report/ on run {parent}")
+    return 0
+
+
+def _is_dir(given: str | None) -> bool:
+    return given is not None and Path(given).is_dir()
+
+
+def ui(uri: str, host: str, port: int) -> int:
+    """MLflow's UI from this interpreter's own mlflow (no PATH needed), on a port that must be free."""
+    with socket.socket() as probe:
+        if probe.connect_ex((host if host != "0.0.0.0" else "127.0.0.1", port)) == 0:
+            raise ConfigError(f"port {port} on {host} is already in use: pass --port with a free one")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        say(f"warning: serving the MLflow UI on {host}: anyone who can reach it can read and change the runs")
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    say(redact(f"mlflow ui --backend-store-uri {uri} --host {host} --port {port}"))
+    os.execv(argv[0], argv)
+    return 0  # not reached

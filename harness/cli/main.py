@@ -1,0 +1,122 @@
+"""`python -m harness [overrides]` / `harness [overrides]`: one Hydra job per call, or a sweep with -m.
+`harness report|rerun|sync|compare|export|ui ...`: the subcommands in commands.py.
+
+The exit status is returned, never kept in a global: a single run's comes from the record its task returned,
+a sweep's from its sweep.json (written by the sweep callback, whichever launcher ran the jobs), and a command
+that ran no job (`--cfg job`, `--info`, `--help`) exits 0 unless Hydra itself refused it."""
+from __future__ import annotations
+
+import signal
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from harness.cli import COMMANDS
+from harness.cli.sweep_file import take_status
+from harness.config.schema import CONF_DIR, ConfigError  # light: no torch before the checks
+from harness.config.validate import check_overrides
+from harness.kernels.triton_runtime import interpret_without_gpu
+
+USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m harness works the same)
+       harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each
+       harness report [SWEEP_RUN_ID|DIR] | rerun RUN_ID [KEY=VALUE ...] | sync OUTPUT_DIR | ui
+       harness compare BASELINE CANDIDATE [--ignore KEY] [--threshold 3%]   exit 1 when a run got slower
+       harness export RUN_ID|DIR [--format csv|json]   one row per run: config, statistics, environment
+       harness plan [-m] KEY=A,B ... [+experiment=NAME]   the jobs a sweep would run, each one's past time, the total
+       harness --tracking-uri URI COMMAND ...     any subcommand against another store
+       harness --version | --help | --hydra-help  (Hydra's own flags, --cfg job|hydra|all and --info among them, exit 0)
+
+The keys, their defaults and meanings are in the README's table (the schema is harness/config/schema.py);
+`harness COMMAND --help` describes a subcommand."""
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _version() -> str:
+    try:
+        return version("harness")
+    except PackageNotFoundError:  # run from a checkout that was not pip-installed
+        return "unknown (not installed)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line, to its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    interpret_without_gpu()  # before anything imports triton: Triton kernels on a CPU run in its interpreter
+    if argv[:1] in (["--help"], ["-h"]):
+        print(USAGE)
+        return 0
+    if argv[:1] == ["--version"]:
+        print(f"harness {_version()}")
+        return 0
+    if argv and (argv[0] in COMMANDS or argv[0].startswith("--tracking-uri")):
+        from harness.cli import commands
+
+        return commands.main(argv)
+    try:
+        check_overrides(argv)
+        if not any(a.split("=", 1)[0] in SHOW_FLAGS for a in argv):
+            from harness.cli.precheck import precheck
+
+            precheck(argv, multirun=any(a in MULTIRUN_FLAGS or a.startswith("+experiment=") for a in argv))
+    except ConfigError as err:
+        print(f"harness: {err}", file=sys.stderr)
+        return 2
+    return run_hydra(argv)
+
+
+SHOW_FLAGS = ("--cfg", "-c", "--info", "-i", "--hydra-help", "--help", "-h")
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def without_multirun_when_showing(argv: list[str]) -> list[str]:
+    """Hydra refuses `-m` beside `--cfg`/`--info` (one command at a time). What a user asks there is to see a
+    job's config: the first job of the sweep, as Hydra's own sweeper would order them, is shown."""
+    if not (any(a.split("=", 1)[0] in SHOW_FLAGS for a in argv) and any(a in MULTIRUN_FLAGS for a in argv)):
+        return argv
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), None)[0]
+    if len(jobs) > 1:
+        print(f"harness: the sweep holds {len(jobs)} jobs; the config of the first: {' '.join(jobs[0])}",
+              file=sys.stderr)
+    return [a for a in argv if a not in MULTIRUN_FLAGS and a not in overrides] + list(jobs[0])
+
+
+def run_hydra(argv: list[str]) -> int:
+    """Hand the command line to Hydra: a run, a sweep, or one of Hydra's own flags."""
+    import hydra
+
+    finished = []  # the records of the jobs this process ran (a single run's one)
+
+    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+    def task(cfg):
+        from harness.cli import app  # MLflow, torch: only once a job runs
+
+        finished.append(app.run_job(cfg))
+        return finished[-1]  # a launcher that ran the job elsewhere gets its record back
+
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends runs KILLED, as Ctrl-C does
+    sys.argv = [sys.argv[0], *without_multirun_when_showing(argv)]  # Hydra reads its command line from sys.argv
+    try:
+        task()
+    except KeyboardInterrupt:
+        print("[harness] interrupted", file=sys.stderr)
+        return 130
+    if any(a.split("=", 1)[0] in SHOW_FLAGS for a in argv):
+        return 0  # Hydra showed what was asked (it exits non-zero itself where it could not)
+    return exit_status(finished)
+
+
+def exit_status(finished: list) -> int:
+    """A sweep's exit status, which its callback left for this process (1 from its start until its end: a sweep
+    that does not end has failed); else the single run's, from its record: 1 where a job needs attention."""
+    swept = take_status()
+    if swept is not None:
+        return swept
+    from harness.record import exit_code
+
+    return exit_code(finished)

@@ -1,0 +1,73 @@
+"""`harness plan [-m] OVERRIDES...`: the jobs a command would run, each with the time it took before (the store's
+finished runs of the same config, by their recorded phases), and the total. Reads only: it runs nothing and
+creates no store."""
+from __future__ import annotations
+
+import statistics
+
+from omegaconf import OmegaConf
+
+from harness.config.schema import CONF_DIR, config_hash
+from harness.config.validate import check_overrides, to_run_config
+
+# the phases a job's time is made of (the metrics every finished run logs)
+PHASES = ("build_ms", "prepare_ms", "prefill_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
+
+
+def jobs_of(overrides: list[str]) -> list[list[str]]:
+    """Every job's overrides, as the harness sweeper would run them: a preset's axes (hydra.sweeper.params),
+    then the command line's (a key on both: the command line's values)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = [o for o in overrides if "=" in o and not o.startswith("-")]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        params = compose(config_name="config", overrides=[o for o in given if o.startswith("+experiment=")],
+                         return_hydra_config=True).hydra.sweeper.params or {}
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in given}
+    axes = [f"{k}={v}" for k, v in params.items() if k.lstrip("+~") not in keys] + given
+    return [list(job) for job in BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(axes), None)[0]]
+
+
+def identity_of(job: list[str]) -> tuple[str, str]:
+    """(label, config hash) of one job, as its run would record them; a job the schema refuses says why."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=job)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    run = to_run_config(cfg)  # a ConfigError here: the line names the bad value
+    config["cache_len"] = run.cache_len
+    return run.label, config_hash(config)
+
+
+def past_seconds(uri: str, experiment: str, hashes: set[str]) -> dict[str, list[float]]:
+    """config hash -> the wall seconds of each FINISHED run of it in the store (the sum of its phases)."""
+    from harness.store import tracking
+
+    found: dict[str, list[float]] = {}
+    for h in hashes:
+        for run in tracking.finished_runs(uri, experiment, h):
+            found.setdefault(h, []).append(sum(run.data.metrics.get(p, 0.0) for p in PHASES) / 1e3)
+    return found
+
+
+def plan(uri: str | None, experiment: str, overrides: list[str]) -> int:
+    check_overrides(overrides)
+    jobs = jobs_of(overrides)
+    rows = [(" ".join(job), *identity_of(job)) for job in jobs]
+    past = past_seconds(uri, experiment, {h for *_, h in rows}) if uri else {}
+    known, total = 0, 0.0
+    print(f"{len(rows)} jobs" + ("" if uri else " (no store here: no past runs to estimate from)"))
+    for i, (_, label, h) in enumerate(rows):
+        seconds = past.get(h)
+        if seconds:
+            known, total = known + 1, total + statistics.median(seconds)
+            estimate = f"{statistics.median(seconds):8.1f} s  (median of {len(seconds)} past run{'s' * (len(seconds) > 1)})"
+        else:
+            estimate = "       ?    (no past run of this config)"
+        print(f"{i:>3}  {estimate}  {label}")
+    unknown = len(rows) - known
+    print(f"total: {total:.1f} s for the {known} jobs that ran before" + (f"; {unknown} never ran here" if unknown else ""))
+    return 0

@@ -1,0 +1,56 @@
+"""A run's name from its config: one function for every place that shows runs (labels, tables, reports)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# The keys that name a run's variant, dotted as in a run's MLflow params
+VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
+LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
+INDUCTOR = "inductor."  # the prefix of a run's Inductor options (`inductor.epilogue_fusion`), each named in full
+_UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
+
+
+def shown_key(override_key: str) -> str:
+    """A command line's key as a label names it: `+inductor.x` is `inductor.x`, `model` (a preset) `model.name`."""
+    key = override_key.lstrip("+~")
+    return "model.name" if key == "model" else key
+
+
+def varying_keys(jobs: list[list[str]]) -> list[str]:
+    """The keys whose values differ between the jobs of a sweep (each job a list of `key=value` overrides)."""
+    values: dict[str, set] = {}
+    for job in jobs:
+        for override in job:
+            key, _, value = override.partition("=")
+            values.setdefault(shown_key(key), set()).add(value)
+    return sorted(k for k, v in values.items() if len(v) > 1)
+
+
+def _extra(flat: Mapping[str, Any], varying) -> list[str]:
+    """`key=value` for each varying key that the label does not show otherwise (dtype, seed, decode_tokens, ...)."""
+    shown = (*LABEL_KEYS,)
+    return [f"{k}={getattr(flat.get(k), 'value', flat.get(k))}" for k in varying
+            if k not in shown and not k.startswith(INDUCTOR) and k in flat]
+
+
+def run_variant(flat: Mapping[str, Any], varying=()) -> str:
+    """The mode and any option that changes what a step runs, e.g. `compiled max-autotune fused sdpa-gqa`,
+    from a config's VARIANT_KEYS and Inductor options: MLflow params, a flattened result config, or values
+    read from a config; then the other keys its sweep varies (`eager dtype=fp32`), so that no two runs of a
+    sweep share a name."""
+    mode, steps, fused, attn, compile_mode = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
+    extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
+              compile_mode if compile_mode not in _UNSET else "",
+              "fused" if fused.lower() == "true" else "",
+              attn if attn not in (*_UNSET, "sdpa") else ""]
+    inductor = [f"{key[len(INDUCTOR):]}={value}" for key, value in sorted(flat.items()) if key.startswith(INDUCTOR)]
+    return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras), *inductor, *_extra(flat, varying)])
+
+
+def run_label(flat: Mapping[str, Any], varying=()) -> str:
+    """The one run name, e.g. `qwen3-0.6b bs=4 ctx=1024 cache=1280 graphed`, from dotted keys (LABEL_KEYS):
+    a RunConfig's, a flattened config's, or a run's MLflow params; a missing key reads `?`. A config saved
+    before context_len existed names its prompt_len."""
+    context = flat.get("context_len", flat.get("prompt_len", "?"))
+    cache = "auto" if str(flat.get("cache_len")) in ("None", "null") else flat.get("cache_len", "?")
+    return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} ctx={context} cache={cache} {run_variant(flat, varying)}"

@@ -1,0 +1,51 @@
+"""The attention-backend registry: every decode attention backend by name, with what the rest of the harness
+must know of it (how it reads the KV cache, for the roofline; whether it computes what the reference computes,
+for verification; the cache granularity it needs, for the schema).
+
+Importing this module imports no torch, like the mode registry: the schema validates `attn=` against it. A job
+calls a backend's `setup` (its "module:function", given the device) before it builds a model, which registers
+the backend with transformers' AttentionInterface. Adding a backend is one module under harness/kernels/ plus
+one `register(AttentionSpec(...))` line below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.registry import Registry, load
+
+# How a backend reads the KV cache in a decode step, for the bytes it moves (harness/measure/roofline.py)
+EVERY_SLOT_REPEATED = "every slot, K/V expanded to the query heads"  # repeat_kv: read once, n_rep copies written and read
+EVERY_SLOT = "every slot, on the KV heads"
+VALID_PREFIX = "the valid prefix, on the KV heads"  # in whole `block`s of slots
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    name: str
+    kv_read: str  # one of the three above
+    # "module:function(device)" that readies the backend (imports, registers it with transformers), or None
+    setup: str | None = None
+    block: int = 1  # the slots a valid-prefix backend reads at a time: cache_len must be whole blocks where > 1
+    cache_in_blocks: bool = False  # cache_len must be a multiple of `block`
+    # Computes decode attention as the reference does (transformers' sdpa, whose fp32 run is verification's
+    # reference): a run's logits then compare bit for bit with eager's. Any other backend is also judged
+    # against fp32.
+    reference: bool = False
+
+    def ready(self, device) -> None:
+        if self.setup is not None:
+            load(self.setup)(device)
+
+
+ATTENTION = Registry("attn")
+register, attention_spec = ATTENTION.register, ATTENTION.spec
+
+
+FLEX_BLOCK = 128  # slots per block of flex's block mask: the granularity at which attn=flex skips the cache
+
+register(AttentionSpec("sdpa", EVERY_SLOT_REPEATED, reference=True))
+register(AttentionSpec("sdpa-gqa", EVERY_SLOT, setup="harness.kernels.attention:use_sdpa_gqa"))
+register(AttentionSpec("flex", VALID_PREFIX, setup="harness.kernels.attention:use_flex", block=FLEX_BLOCK,
+                       cache_in_blocks=True))
+register(AttentionSpec("triton-decode", VALID_PREFIX, setup="harness.kernels.attention:use_triton_decode"))
+register(AttentionSpec("eager", EVERY_SLOT_REPEATED))

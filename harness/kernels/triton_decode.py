@@ -1,0 +1,102 @@
+"""attn=triton-decode: a split-KV ("flash-decoding") attention kernel for one query token per row, in Triton.
+
+The valid prefix [0, position] is cut into SPLITS equal chunks, one program per (row, KV head, chunk); the
+query heads of a KV head's group are the rows of one tile, so each K/V block is read once for the whole
+group. The chunk size is computed on the device from the position, so a captured graph adapts to the
+context as it grows, and slots after the position are never read. A second kernel merges the chunks'
+partial softmaxes. Imported through attention.use_triton_decode(); on a machine without an NVIDIA GPU
+(tests) it runs in Triton's interpreter, chosen at the start of the process (triton_runtime.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.kernels.triton_runtime import interpreted
+
+BLOCK_N = 64  # slots per step of a program's loop
+TARGET_PROGRAMS = 264  # about two per SM of an H200 (132): the split count aims at this many programs
+
+
+@triton.jit
+def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
+              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+              SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    valid = tl.load(Pos).to(tl.int32) + 1
+    chunk = tl.cdiv(tl.cdiv(valid, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, valid)
+    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+    heads = kv_head * GROUP + g
+    q = tl.load(Q + row * q_row + heads[:, None] * q_head + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        inside = n < end
+        k = tl.load(K + row * k_row + kv_head * k_head + n[:, None] * k_slot + d[None, :], mask=inside[:, None], other=0.0)
+        if IEEE:  # exact fp32 products: an fp32 run, or any dtype in Triton's interpreter (widened here)
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(inside[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha, p = tl.exp(m_i - m_new), tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + row * v_row + kv_head * v_head + n[:, None] * v_slot + d[None, :], mask=inside[:, None], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = (row * GROUP * tl.num_programs(1) + heads) * SPLITS + split  # [bs, heads, SPLITS] index of each row
+    tl.store(Acc + out[:, None] * D + d[None, :], acc, mask=(g < GROUP)[:, None])
+    tl.store(M + out, m_i, mask=g < GROUP)
+    tl.store(L + out, l_i, mask=g < GROUP)
+
+
+@triton.jit
+def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    row, head = tl.program_id(0), tl.program_id(1)
+    base = (row * HEADS + head) * SPLITS
+    s, d = tl.arange(0, SPLITS), tl.arange(0, D)
+    m = tl.load(M + base + s)
+    weight = tl.where(m > float("-inf"), tl.exp(m - tl.max(m, 0)), 0.0)  # an empty chunk weighs nothing
+    total = tl.sum(weight * tl.load(L + base + s), 0)
+    acc = tl.load(Acc + (base + s)[:, None] * D + d[None, :])
+    out = tl.sum(weight[:, None] * acc, 0) / total
+    tl.store(Out + row * o_row + head * o_head + d, out.to(Out.dtype.element_ty))
+
+
+def splits_for(rows: int, kv_heads: int, slots: int) -> int:
+    """Chunks per (row, KV head): enough programs to fill the GPU, a power of two, no more than the blocks."""
+    wanted = max(1, TARGET_PROGRAMS // (rows * kv_heads))
+    return max(1, min(triton.next_power_of_2(wanted), triton.next_power_of_2(triton.cdiv(slots, BLOCK_N))))
+
+
+def triton_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """query [bs, heads, 1, d] at slot `position` (0-d, on the device) over key/value [bs, kv_heads, slots, d]:
+    attention over slots [0, position], as [bs, heads, 1, d]."""
+    bs, heads, _, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    if dim != triton.next_power_of_2(dim) or key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError(f"attn=triton-decode needs a power-of-two head_dim and contiguous heads, not {dim}")
+    query, group = query.contiguous(), heads // kv_heads
+    # Triton's interpreter computes a bf16 or fp16 tl.dot wrongly (errors of ~1e10 seen): on a CPU the kernel
+    # widens what it loads to fp32 and multiplies in fp32 (IEEE), then writes the output in the query's dtype
+    exact_fp32 = query.dtype == torch.float32 or interpreted()
+    splits = splits_for(bs, kv_heads, slots)
+    acc = torch.empty(bs, heads, splits, dim, device=query.device, dtype=torch.float32)
+    maxes, sums = (torch.empty(bs, heads, splits, device=query.device, dtype=torch.float32) for _ in range(2))
+    _split_kv[(bs, kv_heads, splits)](
+        query, key, value, position, acc, maxes, sums, scale, query.stride(0), query.stride(1),
+        key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=BLOCK_N, SPLITS=splits,
+        IEEE=exact_fp32)
+    out = torch.empty(bs, heads, 1, dim, device=query.device, dtype=query.dtype)
+    _merge[(bs, heads)](acc, maxes, sums, out, out.stride(0), out.stride(1), HEADS=heads, D=dim, SPLITS=splits)
+    return out

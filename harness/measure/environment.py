@@ -1,0 +1,114 @@
+"""What the run ran on: the device it resolved to and the versions a result depends on."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+import transformers
+
+from harness import ENV_AT_START
+from harness.clock import device_index
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*cmd: str, cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+@functools.lru_cache(maxsize=1)
+def git_state() -> tuple[str, str]:
+    """(commit, dirty) of the harness checkout: dirty is "false", or a hash of the uncommitted changes, so that
+    two runs of one commit with different edits do not look alike to `harness compare`; ("unknown", "false")
+    outside git."""
+    commit = _run("git", "rev-parse", "HEAD", cwd=REPO)
+    if not commit:
+        return "unknown", "false"
+    diff = _run("git", "diff", "HEAD", cwd=REPO)
+    return commit, f"diff-{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "false"
+
+
+@functools.lru_cache(maxsize=8)
+def gpu_facts(index: int) -> dict[str, str]:
+    """Name, driver and UUID of the GPU this process sees as `index`. The UUID names the physical GPU
+    even when SLURM (or CUDA_VISIBLE_DEVICES) renumbers what the process sees."""
+    props = torch.cuda.get_device_properties(index)
+    facts = {"gpu_name": props.name}
+    uuid = str(getattr(props, "uuid", "") or "").removeprefix("GPU-")
+    if _UUID.match(uuid):
+        facts["gpu_uuid"] = f"GPU-{uuid}"
+    elif (visible := _visible_gpu(index)) is not None:  # nvidia-smi numbers physical GPUs
+        found = _run("nvidia-smi", f"--id={visible}", "--query-gpu=uuid", "--format=csv,noheader")
+        if found:
+            facts["gpu_uuid"] = found.strip()
+    driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    if driver:
+        facts["gpu_driver"] = driver.splitlines()[0].strip()
+    return facts
+
+
+# Set by torch's own import chain (Inductor's cache folder): logged only where the user had set it
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
+# and the variables that set a CPU's threads and torch's or CUDA's kernels (OMP_NUM_THREADS alone moves a tiny
+# CPU run from 3 to 120 ms a step)
+TUNING_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "CUBLAS_", "CUBLASLT_", "NVIDIA_TF32", "CUDA_", "OMP_", "MKL_",
+                       "OPENBLAS_")
+GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _visible_gpu(index: int) -> str | None:
+    """The physical GPU (index or UUID, as nvidia-smi takes it) behind this process's `cuda:index`."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return str(index)
+    return visible[index] if index < len(visible) else None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The host CPU's model name (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def environment_tags(device: torch.device) -> dict[str, str]:
+    commit, dirty = git_state()
+    tags = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda or "none",
+        "hostname": socket.gethostname(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+    }
+    if device.type == "cuda":
+        tags.update(gpu_facts(device_index(device)))
+    if slot := os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():  # the GPU a launcher pinned the job to
+        tags["gpu_slot"] = slot
+    # the host launches every eager kernel: its CPU, its clock policy and torch's threads set eager's step time
+    tags.update(cpu=cpu_model(), torch_threads=str(torch.get_num_threads()),
+                torch_interop_threads=str(torch.get_num_interop_threads()))
+    if GOVERNOR.is_file():
+        tags["cpu_governor"] = GOVERNOR.read_text().strip()
+    # Switches that change what a run measures without appearing in its config
+    tags.update({name: value for name, value in os.environ.items() if name.startswith(TUNING_ENV_PREFIXES)
+                 and (name not in SET_BY_TORCH or name in ENV_AT_START)})
+    return tags

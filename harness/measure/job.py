@@ -1,0 +1,226 @@
+"""One job, start to finish: build → prefill → capture → warm up → timed decode → check → result.
+
+Pure measurement: no Hydra, no MLflow. The result is a Measurement; the caller records it.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from harness.measure.attribution import nvtx_range, profile_steps
+from harness.config.schema import RunConfig, round_up
+from harness.clock import MiB, resolve_device, stopwatch
+from harness.measure.environment import environment_tags
+from harness.measure.gpu_state import GpuState
+from harness.models import DTYPES, LoadedModel, get_model
+from harness.modes import spec
+from harness.modes.base import DecodeMode
+from harness.record import Measurement
+from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
+from harness.measure import mutations
+from harness.measure.stats import NOISY_PCT, decode_metrics, is_noisy
+from harness.measure.timing import run_steps, timed_decode
+from harness.measure.verify import verify
+
+
+SLOW_MS = 20.0  # what HARNESS_INJECT_FAULT=slow adds to each step
+
+
+class JobError(RuntimeError):
+    """A job that cannot run or whose output is wrong; the message is the recorded reason."""
+
+
+def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None,
+            artifacts_dir: Path | None = None) -> Measurement:
+    """Measure one job. `artifacts_dir` receives the profiler's files when cfg.profile is set."""
+    device = resolve_device(cfg.device)
+    mode = spec(cfg.mode).mode_class()()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise JobError(f"device={device} asked for, but no CUDA GPU is visible; use device=auto or device=cpu")
+    if (why := mode.check(device)) is not None:
+        raise JobError(why)
+    on_phase("build")
+    with nvtx_range("build", device.type == "cuda"):
+        loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed)
+    memory = MemoryProbe(device)
+    oom = None
+    try:
+        inject_fault(cfg)
+        with torch.inference_mode():
+            result = _decode(cfg, loaded, mode, device, on_phase, artifacts_dir)
+    except torch.OutOfMemoryError as err:
+        oom = str(err).splitlines()[0]  # keep the text only: the traceback would pin the job's tensors
+    released = memory.after_release()
+    if oom is not None:
+        back = {1.0: "yes", 0.0: "NO"}.get(released.get("mem_returned_to_baseline"), "not measured off a GPU")
+        raise JobError(f"out of memory at bs={cfg.bs} cache_len={cfg.cache_len} mode={cfg.mode} "
+                       f"({oom}); memory back at the post-load baseline: {back}")
+    result.metrics.update(released)
+    return result
+
+
+def inject_fault(cfg: RunConfig, stepper=None) -> None:
+    """Test hook: HARNESS_INJECT_FAULT=oom:LABEL, sigkill:LABEL or slow:LABEL hits the job whose label contains
+    LABEL (slow: SLOW_MS more per step, inside the timed step, once its stepper exists)."""
+    kind, _, where = os.environ.get("HARNESS_INJECT_FAULT", "").partition(":")
+    if not kind or where not in cfg.label or (kind == "slow") != (stepper is not None):
+        return
+    if kind == "slow":
+        step = stepper.step
+        stepper.step = lambda: (time.sleep(SLOW_MS / 1e3), step())[1]
+        stepper.tags["fault"] = f"slowed by {SLOW_MS:g} ms a step (HARNESS_INJECT_FAULT, a test hook)"
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"injected by HARNESS_INJECT_FAULT for {cfg.label}")
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase,
+            artifacts_dir: Path | None) -> Measurement:
+    model = loaded.model
+    prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
+    phases = {"build_ms": loaded.build_ms}
+    stepper, warm_tokens = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
+    blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase)
+    metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
+               "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
+    metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
+    if is_noisy(metrics):
+        stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
+    arch = _architecture(model)
+    metrics["parameters"] = float(arch["parameters"])  # the model's size, an axis of the reports
+    metrics.update(_speed_of_light(arch, cfg, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
+    if cfg.profile and device.type == "cuda":
+        on_phase("profile")
+        metrics.update(profile_steps(stepper, cfg.profile_steps, artifacts_dir))
+    elif cfg.profile:
+        stepper.tags["profile"] = "skipped: the profiler pass times CUDA kernels, and this job ran on the CPU"
+        on_phase(f"profile {stepper.tags['profile']}")
+    on_phase("verify")
+    with stopwatch(device, metrics, "verify_ms"):
+        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]))
+    metrics.update(checks)
+    return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
+                       loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
+
+
+def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[list, GpuState]:
+    """`repeats` timed blocks, each from the prefilled context and after a warm-up (the first's were done before), with
+    the GPU's state read at their start and end and its energy counter around each (between blocks)."""
+    blocks, gpu = [], GpuState(device)
+    gpu.read("start")
+    for i in range(cfg.repeats):
+        if i:
+            stepper.rewind()  # the same context; decode rewrites only the slots after it
+            run_steps(stepper, cfg.warmup)
+        on_phase(f"decode (block {i + 1}/{cfg.repeats})" if cfg.repeats > 1 else "decode")
+        energy = gpu.energy()
+        with nvtx_range("decode", device.type == "cuda"):
+            blocks.append(timed_decode(stepper, cfg.decode_tokens, device))
+        gpu.add_block(energy)
+    gpu.read("end")
+    return blocks, gpu
+
+
+def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
+    """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up. Returns the
+    stepper and the tokens its warm-up decoded."""
+    cuda = device.type == "cuda"
+    on_phase(mode.prepare_phase)
+    mutation = mutations.requested()
+    with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
+        if mutation:  # a test's fault, active in the capture too
+            with mutations.patched(model, mutation):
+                stepper = mutations.MutatedStepper(mode.prepare(model, prompt, cfg), mutation)
+            stepper.tags["mutation"] = mutation
+        else:
+            stepper = mode.prepare(model, prompt, cfg)  # allocates the cache first: it lives outside any graph pool
+    inject_fault(cfg, stepper)
+    phases["graph_mem_mb"] = stepper.graph_bytes / MiB
+    on_phase("prefill")
+    with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
+        stepper.restart(prompt)
+    phases["prefill_tokens_per_s"] = prompt.numel() / phases["prefill_ms"] * 1e3  # time to first token at this context
+    on_phase("warmup")
+    with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
+        warm_tokens = run_steps(stepper, cfg.warmup)
+    return stepper, warm_tokens
+
+
+def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float, tags: dict,
+                    rows: int) -> dict[str, float]:
+    """Useful bytes and FLOPs per step (harness/roofline.py), what this implementation moves instead, and on a
+    GPU the floor they set and how close the run came to it."""
+    k = cfg.graph_steps
+    first = cfg.context_len + round_up(cfg.warmup, k)  # the slot of the first timed step's token
+    positions = range(first, first + cfg.decode_tokens)
+    itemsize = DTYPES[cfg.dtype.value].itemsize
+    cost = step_cost(arch, cfg.bs, first + (cfg.decode_tokens + 1) / 2, itemsize)
+    moved = implementation_bytes(arch, rows, cfg.attn, cfg.cache_len, positions, itemsize)
+    cost.update(implementation_bytes=moved, waste_factor=moved / cost["step_bytes"],
+                kv_slots_read=slots_read(cfg.attn, cfg.cache_len, positions))
+    if device.type != "cuda":
+        return cost
+    ceil = ceilings(device)
+    tags.update(ceiling_copy_gb_per_s=f"{ceil['copy_bytes_per_s'] / 1e9:.0f}",
+                ceiling_bf16_tflop_per_s=f"{ceil['bf16_flops_per_s'] / 1e12:.0f}", ceiling_key=ceil["key"])
+    lowest = floor(cost, ceil)
+    return {**cost, **lowest, "efficiency": lowest["floor_ms"] / median_ms,
+            "implementation_floor_ms": moved / ceil["copy_bytes_per_s"] * 1e3}
+
+
+def token_repeat_fraction(tokens: torch.Tensor) -> float:
+    """The share of decode steps (over every row) whose token equals the row's previous one: near 1, the greedy
+    decode repeats its input, and a check of its tokens cannot tell a stale token from a right one."""
+    return float((tokens[1:] == tokens[:-1]).float().mean()) if tokens.shape[0] > 1 else 0.0
+
+
+def seeded_prompt(bs: int, context_len: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (bs, context_len), generator=generator).to(device)
+
+
+def _architecture(model: torch.nn.Module) -> dict:
+    c = model.config
+    keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
+            "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+    arch = {k: getattr(c, k, None) for k in keys}
+    arch["parameters"] = sum(p.numel() for p in model.parameters())
+    return arch
+
+
+def _peaks(device: torch.device) -> dict[str, float]:
+    if device.type != "cuda":
+        return {}
+    return {"peak_mem_allocated_mb": torch.cuda.max_memory_allocated(device) / MiB,
+            "peak_mem_reserved_mb": torch.cuda.max_memory_reserved(device) / MiB}
+
+
+class MemoryProbe:
+    """The post-load baseline of allocated GPU memory, and whether a job gave it all back."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            self.baseline = torch.cuda.memory_allocated(device)
+
+    def after_release(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {}
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        # cuBLAS keeps a workspace per stream in the caching allocator and never gives it back itself
+        getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
+        torch.cuda.empty_cache()
+        leaked = torch.cuda.memory_allocated(self.device) - self.baseline
+        return {"mem_baseline_mb": self.baseline / MiB, "mem_leaked_mb": leaked / MiB,
+                "mem_returned_to_baseline": float(leaked <= 0)}

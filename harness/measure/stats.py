@@ -1,0 +1,81 @@
+"""Statistics of a job's timed blocks: per-step figures, block medians, and a bootstrap interval.
+
+A job times `repeats` blocks, each after a fresh prefill and warm-up. Steps within a block are not
+independent (clocks, caches and the host drift together), so the interval resamples blocks, then steps
+within each drawn block (a two-level bootstrap), and reads the 2.5th and 97.5th percentiles of the
+median. With one block it falls back to resampling steps.
+"""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from harness.measure.timing import DecodeTiming
+
+BOOTSTRAP_SAMPLES = 2000
+NOISY_PCT = 2.0  # a run whose interval is wider than ±2% of its median is tagged `noisy`
+
+
+def step_stats(step_ms: list[float]) -> dict[str, float]:
+    arr = np.asarray(step_ms, dtype=np.float64)
+    mean = float(arr.mean())
+    stdev = statistics.stdev(step_ms) if len(step_ms) > 1 else 0.0
+    return {
+        "mean": mean,
+        "median": float(np.median(arr)),
+        "p90": float(np.percentile(arr, 90)),
+        "p99": float(np.percentile(arr, 99)),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "stdev": stdev,
+        "cv": stdev / mean if mean > 0 else 0.0,
+    }
+
+
+def bootstrap_medians(blocks: list[list[float]], seed: int = 0) -> np.ndarray:
+    """BOOTSTRAP_SAMPLES medians of the step time, each of blocks drawn with replacement, then of steps
+    drawn with replacement within each drawn block (the two-level bootstrap)."""
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(b, dtype=np.float64) for b in blocks]
+    medians = np.empty(BOOTSTRAP_SAMPLES)
+    for i in range(BOOTSTRAP_SAMPLES):
+        drawn = rng.integers(len(arrays), size=len(arrays))
+        medians[i] = np.median(np.concatenate([rng.choice(arrays[j], size=arrays[j].size) for j in drawn]))
+    return medians
+
+
+def median_interval(blocks: list[list[float]], seed: int = 0) -> tuple[float, float]:
+    """The two-level bootstrap 95% interval of the median step time."""
+    low, high = np.percentile(bootstrap_medians(blocks, seed), [2.5, 97.5])
+    return float(low), float(high)
+
+
+def decode_metrics(blocks: list[DecodeTiming], bs: int) -> dict[str, float]:
+    """Everything derived from the timed blocks, as flat metric names."""
+    steps = [ms for b in blocks for ms in b.step_ms]
+    stats = step_stats(steps)
+    low, high = median_interval([b.step_ms for b in blocks])
+    wall_ms, tokens = sum(b.wall_ms for b in blocks), sum(b.n_tokens for b in blocks)
+    wall_per_token = wall_ms / tokens
+    metrics = {f"step_ms_{k}": v for k, v in stats.items()}
+    metrics.update({f"block_{i}_step_ms_median": float(np.median(b.step_ms)) for i, b in enumerate(blocks)})
+    metrics.update(
+        step_ms_ci_low=low, step_ms_ci_high=high,
+        step_ms_ci_pct=100.0 * max(stats["median"] - low, high - stats["median"]) / stats["median"],
+        wall_ms_per_token=wall_per_token,
+        tokens_per_s=bs * 1000.0 / stats["median"],
+        tokens_per_s_wall=bs * 1000.0 / wall_per_token,
+        # the host's time outside the timed GPU work, per token: feeding and, for graphs, the replay's
+        # launch. Eager launches inside its events (the GPU waits for the host), so there this is not
+        # eager's host cost; the gap between eager's step time and graphed's is.
+        wall_minus_gpu_ms_per_token=wall_per_token - sum(ms * b.tokens_per_call for b in blocks for ms in b.step_ms)
+        / tokens,
+        decode_wall_ms=wall_ms,
+        repeats=float(len(blocks)),
+    )
+    return metrics
+
+
+def is_noisy(metrics: dict[str, float]) -> bool:
+    return metrics.get("step_ms_ci_pct", 0.0) > NOISY_PCT

@@ -1,0 +1,94 @@
+"""The timed decode loop: the only place the harness takes time (statistics are in stats.py).
+
+On CUDA every step's forward is bracketed by a pair of CUDA events recorded on the stream,
+and the whole loop by the host clock; the host waits for the GPU once, after the last step.
+On CPU, execution is synchronous and each step is timed by the host clock.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from harness.clock import cuda_event_ms
+
+if TYPE_CHECKING:
+    from harness.modes.base import Stepper
+
+@dataclass
+class DecodeTiming:
+    """One timed block. A call decodes `tokens_per_call` tokens (a replay of K steps is one call), and
+    gives one sample: its time divided by K, so that a K-step graph's samples are not copied K times."""
+
+    step_ms: list[float]  # per-token time of each call: CUDA events on GPU, host clock on CPU
+    wall_ms: float  # the whole loop on the host clock, argmax and feeding included
+    clock: str  # "cuda_event" | "host"
+    tokens_per_call: int
+    tokens: torch.Tensor  # [calls * tokens_per_call, bs]: what the loop decoded, kept on the device
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.step_ms) * self.tokens_per_call
+
+
+def feed_argmax(stepper: Stepper, logits: torch.Tensor) -> None:
+    """Greedy decoding: the next step reads the argmax, written in place (no host sync)."""
+    stepper.input_ids.copy_(logits.argmax(dim=-1, keepdim=True))
+
+
+def advance(stepper: Stepper) -> torch.Tensor:
+    """One call of the stepper with greedy feedback (unless its graph feeds itself)."""
+    logits = stepper.step()
+    if not stepper.feeds_itself:
+        feed_argmax(stepper, logits)
+    return logits
+
+
+def calls_for(stepper: Stepper, tokens: int) -> int:
+    return math.ceil(tokens / stepper.tokens_per_step)
+
+
+def run_steps(stepper: Stepper, tokens: int) -> torch.Tensor:
+    """Untimed greedy steps (warm-up); returns the tokens they decoded, [steps, bs], on the device."""
+    decoded = []
+    for _ in range(calls_for(stepper, tokens)):
+        advance(stepper)
+        decoded.append(stepper.tokens.clone())
+    return torch.cat(decoded)
+
+
+def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeTiming:
+    calls, k = calls_for(stepper, tokens), stepper.tokens_per_step
+    produced = torch.empty(calls * k, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
+    done = iter(range(calls))
+
+    def after(logits) -> None:  # between calls, outside the events: feed, and keep the tokens (no sync)
+        if not stepper.feeds_itself:
+            feed_argmax(stepper, logits)
+        i = next(done)
+        produced[i * k:(i + 1) * k].copy_(stepper.tokens)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call_ms, clock = cuda_event_ms(stepper.step, calls, after), "cuda_event"  # its one sync is at its end
+    else:
+        t0 = time.perf_counter()
+        call_ms, clock = _host_ms(stepper.step, calls, after), "host"
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    return DecodeTiming([ms / k for ms in call_ms], wall_ms, clock, k, produced)
+
+
+def _host_ms(fn: Callable[[], object], calls: int, after: Callable[[object], None]) -> list[float]:
+    call_ms = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        out = fn()
+        call_ms.append((time.perf_counter() - start) * 1e3)
+        after(out)
+    return call_ms
+
+

@@ -1,0 +1,261 @@
+"""A run proves its decode against the computation it claims to equal, after its timed loop.
+
+The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context, greedily; its logits and
+tokens are kept. Every reference is then fed the same tokens (teacher-forced), so that one near-tie cannot
+send two decodes apart, and runs one after another in the stepper's own cache (rewound to the context), so
+that a check at a long context needs no second cache and no second prefill.
+- Exact modes (eager, graphed, bucketed) run eager's own kernels with the run's attention backend. Every
+  logit of every row must equal plain eager's at the same rows (a bucket's padding included), as far as
+  eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
+  1024-slot cache is not, from about the 50th step), measured again before a run fails. The loop's own
+  tokens (warm-up and first timed block, kept on the device) must each be eager's choice given the same
+  history, or a tie: within TIE_TOLERANCE, or twice eager's own variation over that history where it varies.
+  A bucketed run's agreement with the unpadded batch is logged beside it.
+- Inexact modes (Inductor's kernels) and attention backends other than `sdpa` round differently. They are
+  judged against an fp32 eager decode (sdpa attention) of the same model, prompt and tokens: their largest
+  logit error against fp32 may be at most INEXACT_BOUND times that of this dtype's plain eager decode (sdpa)
+  against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
+  measured error. The fp32 decode needs its own cache (twice the bytes) and prefill (slow): it checks as many
+  rows as half the free memory holds, up to FP32_TOKENS of context (`fp32_rows_checked`), after the run's
+  cache is freed.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from harness.kernels import attention_spec
+from harness.modes.base import kv_heads_and_dim
+from harness.modes.eager import EagerStepper
+from harness.measure.timing import advance, calls_for
+
+VERIFY_TOKENS = 32  # steps compared logit by logit
+INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
+TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 on the H200 (docs/benchmarks.md)
+RECHECKS = 2  # more eager decodes that measure eager's own variation before a run fails for exceeding it
+FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
+FP32_TOKENS = 32768  # context tokens the fp32 reference prefills at most (rows x context_len): its prefill is slow
+
+
+@dataclass
+class Trace:
+    """A decode's logits at the last token of each call [calls, bs, vocab], and the tokens fed [steps, bs]."""
+
+    logits: torch.Tensor
+    tokens: torch.Tensor
+
+
+def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> tuple[dict, str | None]:
+    """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
+    `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them.
+    The stepper's cache is freed at the end: verification is a job's last use of it."""
+    metrics, applied = {}, []
+    stepper.rewind()
+    failure = _rewound_to_the_context(stepper, prompt.shape[1])
+    run = _free_run(stepper, calls_for(stepper, VERIFY_TOKENS))
+    if exact:
+        applied.append("eager")
+        failure = failure or _exact(model, stepper, run, metrics) or _decoded_tokens(model, stepper, decoded, metrics)
+        if stepper.rows != stepper.bs:
+            metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
+    # (a K-step graph feeds itself, so it cannot be fed fp32's history token by token: its exact check stands)
+    if (not exact or not attention_spec(cfg.attn).reference) and stepper.tokens_per_step == 1:
+        applied.append("fp32")
+        failure = failure or _against_fp32(model, prompt, stepper, cfg, run, metrics)
+    stepper.release()
+    if not applied:  # fail closed: a run that no check can judge is not verified
+        failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
+                              f"{stepper.tokens_per_step} tokens a call, which fp32's teacher-forced decode cannot follow")
+    metrics.update(verified=float(failure is None), checks_applied=float(len(applied)))
+    return metrics, failure
+
+
+def _rewound_to_the_context(stepper, context_len: int) -> str | None:
+    """After a rewind, every layer of the cache must write at the context's end, counted from the prompt itself
+    (not from the stepper's own bookkeeping): every check below rewinds the same way, so a rewind that is off by
+    a slot would move the run and its references alike, and only this count sees it."""
+    positions = sorted({int(layer.cumulative_length) for layer in stepper.cache.layers})  # a sync: after timing
+    if positions != [context_len]:
+        return (f"after a rewind the cache writes at slot {', '.join(map(str, positions))}, not after the "
+                f"{context_len} context tokens: the timed blocks after the first decoded from a wrong position")
+    return None
+
+
+def _free_run(stepper, calls: int) -> Trace:
+    logits, tokens = [], []
+    for _ in range(calls):
+        logits.append(advance(stepper).clone())  # a compiled step may overwrite its output at the next call
+        tokens.append(stepper.tokens.clone())
+    return Trace(torch.stack(logits), torch.cat(tokens))
+
+
+def _forced(stepper, tokens: torch.Tensor, k: int = 1) -> Trace:
+    """An eager stepper fed `tokens` [steps, bs] after its first token; logits at every k-th step."""
+    logits = []
+    for i in range(tokens.shape[0]):
+        out = stepper.step()
+        if i % k == k - 1:
+            logits.append(out.clone())
+        stepper.input_ids.copy_(tokens[i][:, None])
+    return Trace(torch.stack(logits), tokens)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def _exact(model, stepper, run: Trace, metrics) -> str | None:
+    """Two plain eager decodes of the same rows, fed the run's tokens: the run may differ from eager no more
+    than eager differs from itself, which is not at all where its kernels are deterministic. Before failing a
+    run, eager's own variation is measured again over RECHECKS more decodes: where eager varies only now and
+    then (seen on the H200), two passes may agree by chance."""
+    k = stepper.tokens_per_step
+    first = _forced(_eager_in(model, stepper), run.tokens, k)
+    second = _forced(_eager_in(model, stepper), run.tokens, k)
+    diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
+    for _ in range(RECHECKS if diff > 2 * own else 0):
+        own = max(own, _max_diff(_forced(_eager_in(model, stepper), run.tokens, k).logits, first.logits))
+    metrics.update(max_logit_diff=diff, eager_self_max_logit_diff=own)
+    if diff > 2 * own:
+        return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
+                f"{VERIFY_TOKENS} steps, where eager differs from itself by {own:.4g}")
+    return None
+
+
+def _decoded_tokens(model, stepper, decoded, metrics) -> str | None:
+    """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
+    or rank it within the tie tolerance of its best: TIE_TOLERANCE, or, where a second eager pass over the
+    same history shows eager varying more than half that (bs=8 and 32 on the H200), twice eager's own variation."""
+    gap, chosen, best = _token_gaps(model, stepper, decoded)
+    tolerance, own = TIE_TOLERANCE, 0.0
+    if bool((gap > tolerance).any()):
+        _, chosen_again, best_again = _token_gaps(model, stepper, decoded)
+        own = max(_max_diff(chosen, chosen_again), _max_diff(best, best_again))
+        tolerance = max(tolerance, 2 * own)
+    bad = gap > tolerance
+    wrong = int(bad.sum())
+    metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
+                   decoded_tokens_at_ties=float(((gap > 0) & ~bad).sum()), tie_tolerance=tolerance)
+    if wrong:
+        first_wrong = int(bad.any(dim=1).nonzero()[0, 0])
+        return (f"the decoded token at step {first_wrong} (warm-up and first timed block) is not eager's choice "
+                f"given the same history ({wrong} of {decoded.numel()} tokens; the largest gap "
+                f"{float(gap.max()):.4g} exceeds the tie tolerance {tolerance:.4g}, eager's own variation {own:.4g})")
+    return None
+
+
+def _token_gaps(model, stepper, decoded) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager fed the loop's tokens: how far below its best logit each token ranks, the token's logit and the
+    best, each [steps, bs]. Step by step: [steps, bs, vocab] logits in fp32 would not fit at large bs."""
+    reference, chosen, best = _eager_in(model, stepper), [], []
+    for tokens in decoded:
+        logits = reference.step().float()
+        best.append(logits.max(dim=-1).values)
+        chosen.append(logits.gather(-1, tokens[:, None])[:, 0])
+        reference.input_ids.copy_(tokens[:, None])
+    chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
+    return best_logits - chosen_logits, chosen_logits, best_logits
+
+
+def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
+    """Padding changes the GEMMs' shapes, hence cuBLAS's kernels, not the answer: how close the padded
+    batch's eager decode stays to the unpadded one's (teacher-forced, a separate figure, not a check)."""
+    padded = EagerStepper(model, prompt, cfg.cache_len, rows=rows)
+    plain = EagerStepper(model, prompt, cfg.cache_len)
+    same, diff = 0, 0.0
+    for _ in range(VERIFY_TOKENS):
+        a, b = padded.step(), plain.step()
+        diff = max(diff, float((a.float() - b.float()).abs().max()))
+        same += int((a.argmax(-1) == b.argmax(-1)).sum())
+        for s in (padded, plain):
+            s.input_ids.copy_(a.argmax(dim=-1, keepdim=True))
+    return {"unpadded_token_agreement": same / (VERIFY_TOKENS * prompt.shape[0]), "unpadded_max_logit_diff": diff}
+
+
+def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | None:
+    """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens."""
+    with attention(model, "sdpa"):
+        plain = _forced(_eager_in(model, stepper), run.tokens).logits
+    stepper.release()
+    rows = _fp32_rows(model, stepper)
+    with computed_in_fp32(model):
+        reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32)
+        ref = _forced(reference, run.tokens[:, :rows]).logits.float()
+        reference.release()
+    err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
+    bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
+    top2 = ref.topk(2, dim=-1).values
+    differ = run.logits[:, :rows].argmax(-1) != ref.argmax(-1)
+    metrics.update(fp32_max_logit_err=err, eager_fp32_max_logit_err=own, fp32_err_bound=bound,
+                   fp32_err_vs_eager=err / own if own else float("nan"), fp32_rows_checked=float(rows),
+                   fp32_token_agreement=1.0 - float(differ.float().mean()))
+    if err > bound:
+        return (f"logit error against fp32 {err:.4g} exceeds the bound {bound:.4g} "
+                f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
+    if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
+        return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
+    return None
+
+
+def _eager_in(model, stepper) -> EagerStepper:
+    """A plain eager stepper of the same rows, decoding in `stepper`'s cache from its prefilled context."""
+    return EagerStepper(model, stepper.input_ids, stepper.cache_len, rows=stepper.rows, shared=stepper)
+
+
+def _fp32_rows(model, stepper) -> int:
+    """As many of the batch's rows as an fp32 cache for them fits in half the free GPU memory, and at most
+    FP32_TOKENS of context."""
+    most = max(1, min(stepper.bs, FP32_TOKENS // max(stepper.context_len, 1)))
+    if not stepper.input_ids.is_cuda:
+        return most
+    torch.cuda.empty_cache()  # the run's cache, just freed
+    kv_heads, head_dim = kv_heads_and_dim(model.config)
+    per_row = 2 * model.config.num_hidden_layers * kv_heads * head_dim * stepper.cache_len * 4  # K and V, fp32
+    return max(1, min(most, int(torch.cuda.mem_get_info()[0] / 2 // per_row)))
+
+
+@contextmanager
+def attention(model, name: str):
+    """The model with another attention backend for the duration."""
+    before = model.config._attn_implementation
+    if before != name:
+        model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        if before != name:
+            model.set_attn_implementation(before)
+
+
+@contextmanager
+def computed_in_fp32(model):
+    """The model computing in fp32 from its own weights, with transformers' sdpa attention and its eager experts
+    loop (the plainest kernels). Each module widens its parameters as it runs and gets the very same
+    Parameter objects back after (graphs captured on them stay valid): a whole fp32 copy of a 30B model
+    (122 GB) would not fit beside it."""
+    hooks = [h for module in model.modules() if module._parameters
+             for h in (module.register_forward_pre_hook(_widen), module.register_forward_hook(_narrow, always_call=True))]
+    experts = getattr(model.config, "_experts_implementation", None)
+    try:
+        with attention(model, "sdpa"):
+            if experts not in (None, "eager"):
+                model.set_experts_implementation("eager")
+            yield model
+    finally:
+        if experts not in (None, "eager"):
+            model.set_experts_implementation(experts)
+        for hook in hooks:
+            hook.remove()
+
+
+def _widen(module, args):
+    module._narrow_parameters = dict(module._parameters)
+    for name, param in module._narrow_parameters.items():
+        if param is not None and param.is_floating_point():
+            module._parameters[name] = param.float()  # a plain tensor for one call: F.linear & co. take it
+
+
+def _narrow(module, args, output):
+    module._parameters.update(module.__dict__.pop("_narrow_parameters", {}))

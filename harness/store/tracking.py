@@ -1,0 +1,246 @@
+"""MLflow: the only module that talks to the store. Uses MlflowClient only (no fluent API), so
+no atexit hook can end a run as FINISHED behind our back: every status is set here, explicitly.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import socket
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+import yaml
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from harness.store import retry
+from harness.store.redact import redact, redact_tree
+
+STORE_DIR = "mlruns"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def resolve_uri(configured: str | None, create: bool = True) -> str:
+    """tracking.uri, else $MLFLOW_TRACKING_URI, else the embedded SQLite store under ./mlruns (its folder
+    created unless `create` is off, for commands that only read)."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    root = Path.cwd() / STORE_DIR
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _artifact_root(uri: str) -> str | None:
+    """Artifacts of the embedded store go beside its database, as an absolute URI."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
+
+
+@functools.lru_cache(maxsize=4)
+def client(uri: str) -> MlflowClient:
+    for var, value in retry.http_settings().items():  # read by MLflow at each request; a user's own value wins
+        os.environ.setdefault(var, value)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    with _file_lock(Path(uri[len("sqlite:///"):]).with_suffix(".init-lock")):  # sweeps started together
+        c = MlflowClient(tracking_uri=uri)  # must not create (or migrate) the tables at the same time
+        c.search_experiments(max_results=1)
+    return c
+
+
+@contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def experiment_id(uri: str, name: str) -> str:
+    c = client(uri)
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return c.create_experiment(name, artifact_location=_artifact_root(uri))
+    except Exception:  # noqa: BLE001 - a process beside this one created it first
+        if (found := c.get_experiment_by_name(name)) is None:
+            raise
+        return found.experiment_id
+
+
+PARENT_KINDS = ("sweep", "run", "rerun", "sync")  # what a parent run groups; its children are "job"s
+MEASURED_KINDS = ("sweep", "run", "rerun")  # parents whose jobs were measured together (a sync imports)
+
+
+def start_parent(uri: str, experiment: str, run_name: str, kind: str, tags: dict[str, str]) -> str:
+    assert kind in PARENT_KINDS, kind
+    tags = redact_tree({"harness.kind": kind, **owner(), **tags})
+    return retry.with_retries(f"opening {run_name}", lambda: client(uri).create_run(
+        experiment_id(uri, experiment), run_name=redact(run_name), tags=tags).info.run_id)
+
+
+def owner() -> dict[str, str]:
+    """Which process holds a RUNNING run, so that a later process can tell it was abandoned."""
+    return {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid())}
+
+
+def _search(uri: str, experiment: str, filter_string: str, max_results: int = 1, **kwargs) -> list:
+    """Runs of an experiment by an MLflow filter; none where the experiment does not exist yet."""
+    found = client(uri).get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    return client(uri).search_runs([found.experiment_id], filter_string, max_results=max_results, **kwargs)
+
+
+def mark_abandoned(uri: str, experiment: str) -> list[str]:
+    """RUNNING runs whose process on this host is gone (killed hard) end FAILED, reason `abandoned`.
+    Runs held by other hosts are left alone: from here there is no telling whether they still run."""
+    c = client(uri)
+    marked = []
+    for run in _search(uri, experiment, "attributes.status = 'RUNNING'", max_results=1000):
+        tags = run.data.tags
+        if tags.get("harness.host") != socket.gethostname() or _alive(int(tags.get("harness.pid", "0"))):
+            continue
+        c.set_tag(run.info.run_id, "failure_reason", "abandoned")
+        c.set_terminated(run.info.run_id, status="FAILED")
+        marked.append(run.info.run_id)
+    return marked
+
+
+def mark_abandoned_quietly(uri: str, experiment: str) -> None:
+    try:
+        mark_abandoned(uri, experiment)
+    except Exception:  # noqa: BLE001 - reported where the store is first written to, which then tries once
+        retry.mark_down()
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_finished(uri: str, experiment: str, config_hash: str) -> str | None:
+    """The id of a FINISHED run of this exact config, if the store has one."""
+    runs = _search(uri, experiment, f"tags.`harness.config_hash` = '{config_hash}' and attributes.status = 'FINISHED'")
+    return runs[0].info.run_id if runs else None
+
+
+def finished_runs(uri: str, experiment: str, config_hash: str, most: int = 20) -> list:
+    """The latest FINISHED runs of this exact config (what `harness plan` estimates a job's time from)."""
+    return _search(uri, experiment, f"tags.`harness.config_hash` = '{config_hash}' and attributes.status = 'FINISHED'",
+                   max_results=most, order_by=["attributes.start_time DESC"])
+
+
+def find_result(uri: str, experiment: str, result_id: str) -> str | None:
+    """The run already logged from this result file, if any: what makes `harness sync` idempotent."""
+    runs = _search(uri, experiment, f"tags.`harness.result_id` = '{result_id}'")
+    return runs[0].info.run_id if runs else None
+
+
+class StoreError(RuntimeError):
+    """The store lacks what was asked for."""
+
+
+def get_run(uri: str, run_id: str):
+    try:
+        return client(uri).get_run(run_id)
+    except Exception as err:  # noqa: BLE001 - MLflow raises its own types per store
+        if retry.is_transient(err):
+            raise  # the store is unreachable, which says nothing of the run
+        raise StoreError(f"no run {run_id!r} in {redact(uri)} ({type(err).__name__})") from err
+
+
+def run_exists(uri: str, run_id: str) -> bool:
+    try:
+        get_run(uri, run_id)
+    except StoreError:
+        return False
+    return True
+
+
+def experiment_name(uri: str, run) -> str:
+    return client(uri).get_experiment(run.info.experiment_id).name
+
+
+def newest_sweep(uri: str, experiment: str):
+    """The newest parent whose jobs were measured together: a sweep, a single run or a rerun, not a sync."""
+    runs = _search(uri, experiment, "tags.`harness.kind` != 'job'", max_results=200,
+                   order_by=["attributes.start_time DESC"])
+    runs = [r for r in runs if r.data.tags.get("harness.kind") in MEASURED_KINDS]
+    if not runs:
+        raise StoreError(f"no sweep in experiment {experiment!r} of {redact(uri)}")
+    return runs[0]
+
+
+def children(uri: str, parent) -> list:
+    runs = client(uri).search_runs([parent.info.experiment_id],
+                                   f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", max_results=10000)
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def load_config(uri: str, run_id: str) -> dict:
+    """The run's logged config.yaml, parsed as plain data (yaml.safe_load: no tags, no objects)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client(uri).download_artifacts(run_id, "config.yaml", tmp)
+        except Exception as err:  # noqa: BLE001
+            raise StoreError(f"run {run_id} has no config.yaml artifact to rerun from ({type(err).__name__})") from err
+        data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or not data:
+        raise StoreError(f"run {run_id}'s config.yaml holds no config")
+    return data
+
+
+def load_result(uri: str, run_id: str):
+    """The run's logged result.json as a JobRecord (config, metrics, step series, environment), with its run id
+    (the file was logged before the store gave the run its id)."""
+    from harness.store.results import ResultFileError, read
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            record = read(Path(client(uri).download_artifacts(run_id, "result.json", tmp)))
+        except (ResultFileError, OSError, MlflowException) as err:
+            raise StoreError(f"run {run_id} has no readable result.json artifact ({type(err).__name__})") from err
+    record.mlflow_run_id = run_id
+    return record
+
+
+def end_run(uri: str, run_id: str, status: str, reason: str | None = None) -> None:
+    if reason:
+        client(uri).set_tag(run_id, "failure_reason", redact(reason)[:5000])
+    client(uri).set_terminated(run_id, status=status)
+
+
+def compare_url(uri: str, experiment: str, run_ids: list[str]) -> str:
+    """MLflow's page comparing these runs side by side (metrics, params, charts), on the server the runs
+    live on, or on the `harness ui` this store would be browsed with."""
+    parsed = urlparse(uri)
+    base = (f"{parsed.scheme}://{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "") + parsed.path.rstrip("/")
+            if parsed.scheme in ("http", "https") else "http://127.0.0.1:5000")  # never the credentials
+    query = f"runs={quote(json.dumps(run_ids))}&experiments={quote(json.dumps([experiment_id(uri, experiment)]))}"
+    return f"{base}/#/compare-runs?{query}"
+
+
+def ui_command(uri: str) -> str:
+    """What a person types to browse these runs."""
+    if urlparse(uri).scheme in ("http", "https"):
+        return f"open {redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000"

@@ -1,0 +1,63 @@
+"""Checks that fail closed: each test injects a plausible bug that an outside audit found passing, and sees the
+run fail (the bug lives in the test, never in the code)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.measure.job import measure
+from harness.modes import MODES, ModeSpec
+from harness.modes.base import DecodeMode, Stepper
+from tests.support import FAST, run_config
+
+pytestmark = pytest.mark.usefixtures("fresh_model_cache")
+
+
+def test_a_rewind_one_slot_off_fails_the_run(monkeypatch):
+    """K/V written one slot too far after every rewind: the run, eager's references and the fp32 calibration
+    would all be rewound alike; the write position, counted from the prompt, is not."""
+    def rewind_one_off(self):
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(self.context_len + 1)
+        self.static_ids.copy_(self.first_ids)
+
+    monkeypatch.setattr(Stepper, "rewind", rewind_one_off)
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "repeats=2"))
+    assert result.failure is not None and result.metrics["verified"] == 0.0
+    assert result.failure.startswith("after a rewind the cache writes at slot 9, not after the 8 context tokens")
+
+
+class TwoTokenStepper(Stepper):
+    """Two greedy steps a call, argmax and feeding inside (as a K-step graph does)."""
+
+    tokens_per_step, feeds_itself = 2, True
+
+    def step(self):
+        rows = []
+        for _ in range(2):
+            logits = self.forward()[: self.bs]
+            self.input_ids.copy_(logits.argmax(dim=-1, keepdim=True))
+            rows.append(self.input_ids[:, 0].clone())
+        self.tokens = torch.stack(rows)
+        return logits
+
+
+class InexactTwoTokenMode(DecodeMode):
+    name, exact = "inexact-two", False  # other kernels than eager's, two tokens a call: no check can judge it
+
+    def prepare(self, model, prompt, cfg):
+        return TwoTokenStepper(model, prompt, cfg.cache_len, prefill=False)
+
+
+def test_a_run_no_check_applies_to_is_failed_not_verified(monkeypatch):
+    monkeypatch.setitem(MODES, "inexact-two", ModeSpec("inexact-two", f"{__name__}:InexactTwoTokenMode", graph_steps=True))
+    result = measure(run_config(*FAST, "mode=inexact-two", "device=cpu", "dtype=fp32"))
+    assert result.metrics["verified"] == 0.0 and result.metrics["checks_applied"] == 0.0
+    assert result.failure.startswith("no check applies: mode=inexact-two computes with other kernels")
+
+
+def test_every_applicable_check_is_counted():
+    plain = measure(run_config(*FAST, "device=cpu", "dtype=fp32")).metrics  # eager's, sdpa: the reference kernels
+    flex = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", "cache_len=128")).metrics
+    assert (plain["checks_applied"], plain["verified"]) == (1.0, 1.0) and "fp32_max_logit_err" not in plain
+    assert (flex["checks_applied"], flex["verified"]) == (2.0, 1.0) and "fp32_max_logit_err" in flex
