@@ -34,7 +34,7 @@ def test_eager_decode_on_cpu_reports_every_number():
     assert m["prefill_ms"] > 0 and m["warmup_ms"] > 0 and m["build_ms"] > 0
     assert m["prefill_tokens_per_s"] == pytest.approx(2 * 8 / m["prefill_ms"] * 1e3)
     assert m["kv_slots_valid"] == 8 + 2 + 4.5 and m["kv_slots_read"] == 64 and m["waste_factor"] > 1  # FAST: ctx 8, cache 64
-    assert result.weights == "random" and result.weights_source == "seed=0"
+    assert result.weights == "random" and result.weights_source == "seed=0 std=0.25"
     assert result.architecture["num_hidden_layers"] == 2
     assert result.environment["device"] == "cpu"
     assert result.failure is None
@@ -185,7 +185,7 @@ class NoisyStepper(EagerStepper):
         return logits + self.noise * torch.randn_like(logits.float()).to(logits.dtype)
 
 
-@pytest.mark.parametrize("noise, passes", [(1e-3, True), (0.5, False)])
+@pytest.mark.parametrize("noise, passes", [(1e-3, True), (5.0, False)])
 def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, passes):
     cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
     model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
@@ -194,7 +194,7 @@ def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, pa
     stepper.noise = noise
     with torch.inference_mode():
         checks, why = verify(model, prompt, stepper, cfg, False, torch.empty(0))
-    assert 0 < checks["eager_fp32_max_logit_err"] < 0.1  # bf16 eager's own rounding against fp32
+    assert 0 < checks["eager_fp32_max_logit_err"] < 0.5  # bf16 eager's own rounding against fp32 (tiny: ~0.2)
     assert checks["fp32_err_bound"] == pytest.approx(INEXACT_BOUND * checks["eager_fp32_max_logit_err"])
     assert (why is None) == passes, why
     if not passes:

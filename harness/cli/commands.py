@@ -75,8 +75,8 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         # a command given a run id reads a store that must exist: asking a missing one would create it empty
         named = [getattr(args, k, None) for k in ("sweep_run_id", "baseline", "candidate", "run_id")]
-        reads_store = args.command == "rerun" or args.command in ("report", "compare", "export") and any(
-            n is not None and not _is_dir(n) for n in named)
+        reads_store = args.command == "rerun" or args.command == "report" and not _is_dir(args.sweep_run_id) or \
+            args.command in ("compare", "export") and any(n is not None and not _is_dir(n) for n in named)
         uri = _store_uri(getattr(args, "tracking_uri", None), must_exist=reads_store,
                          create=args.command not in ("compare", "export", "report", "plan"))
         return _run(args, uri)
