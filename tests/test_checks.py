@@ -61,3 +61,25 @@ def test_every_applicable_check_is_counted():
     flex = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", "cache_len=128")).metrics
     assert (plain["checks_applied"], plain["verified"]) == (1.0, 1.0) and "fp32_max_logit_err" not in plain
     assert (flex["checks_applied"], flex["verified"]) == (2.0, 1.0) and "fp32_max_logit_err" in flex
+
+
+def test_the_decode_metrics_are_what_the_step_times_give_by_hand():
+    """Two timed blocks of a bs=4 run, 3 calls each (one token a call): every derived number worked out by hand.
+    A step is one call of all bs rows; tokens count every row (a per-call time divided by bs, or tokens/s not
+    multiplied by it, fails here)."""
+    from harness.measure.stats import decode_metrics
+    from harness.measure.timing import DecodeTiming
+
+    blocks = [DecodeTiming([1.0, 2.0, 3.0], 10.0, "host", 1, torch.empty(0)),
+              DecodeTiming([2.0, 2.0, 2.0], 8.0, "host", 1, torch.empty(0))]
+    m = decode_metrics(blocks, bs=4)
+    assert m["step_ms_median"] == 2.0 and m["step_ms_mean"] == pytest.approx(2.0) and m["step_ms_max"] == 3.0
+    assert m["tokens_per_s"] == pytest.approx(4 * 1000 / 2.0)  # 4 rows every 2 ms
+    assert m["wall_ms_per_step"] == pytest.approx(18.0 / 6)  # per decode step (6 steps in 18 ms of wall)
+    assert m["tokens_per_s_wall"] == pytest.approx(4 * 1000 / 3.0)
+    assert m["wall_minus_gpu_ms_per_step"] == pytest.approx(3.0 - 12.0 / 6)  # wall less the timed 12 ms, per step
+    assert (m["block_0_step_ms_median"], m["block_1_step_ms_median"], m["decode_wall_ms"]) == (2.0, 2.0, 18.0)
+    # a K-step graph: one sample per call, its time divided by K, so its tokens are not counted K times
+    k_step = decode_metrics([DecodeTiming([1.0, 1.0], 5.0, "host", 2, torch.empty(0))], bs=1)
+    assert k_step["step_ms_median"] == 1.0 and k_step["wall_ms_per_step"] == pytest.approx(5.0 / 4)
+    assert k_step["wall_minus_gpu_ms_per_step"] == pytest.approx(5.0 / 4 - 4.0 / 4)

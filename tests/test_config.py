@@ -1,11 +1,9 @@
 """Compose the real config tree through Hydra's compose API, good input and bad."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import re
-import typing
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -13,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from harness.config.schema import CONF_DIR
-from harness.config.schema import ConfigError, RunConfig
+from harness.config.schema import ConfigError, schema_defaults
 from harness.config.validate import to_run_config
 from tests.support import REPO, compose_cfg, run_config
 
@@ -96,23 +94,11 @@ def test_a_saved_config_validates_and_unknown_keys_are_refused():
         to_run_config(OmegaConf.create(saved))
 
 
-def _schema_defaults(node: type, prefix: str = "") -> dict[str, str]:
-    """Every key of the schema that has a default, dotted, with its default as the README writes it."""
-    out, hints = {}, typing.get_type_hints(node)
-    for f in dataclasses.fields(node):
-        if dataclasses.is_dataclass(hints[f.name]):
-            out.update(_schema_defaults(hints[f.name], f"{prefix}{f.name}."))
-            continue
-        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if value not in ("???", dataclasses.MISSING):  # an architecture key: each model preset states it
-            out[f"{prefix}{f.name}"] = json.dumps(getattr(value, "value", value)).replace(" ", "").strip('"')
-    return out
-
-
 def test_the_readme_config_table_is_the_schema():
     readme = (REPO / "README.md").read_text()
     table = dict(re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", readme, flags=re.M))
-    defaults = _schema_defaults(RunConfig)
+    # every key with a default, as the README writes it (an architecture key has none: each preset states it)
+    defaults = {k: json.dumps(v).replace(" ", "").strip('"') for k, v in schema_defaults().items()}
     assert table.pop("model") == "qwen3-0.6b" == compose_cfg().model.name  # the group conf/config.yaml selects
     assert table == defaults
 

@@ -46,7 +46,7 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
         assert p["model.name"] == "tiny" and p["mode"] == "eager" and p["cache_len"] == "64"
         assert p["model.hidden_size"] == "64" and p["tracking.experiment"] == "harness"
         assert m["tokens_per_s"] == pytest.approx(bs * 1000 / m["step_ms_median"])
-        for key in ("step_ms_p99", "step_ms_cv", "wall_ms_per_token", "prefill_ms", "warmup_ms", "prepare_ms"):
+        for key in ("step_ms_p99", "step_ms_cv", "wall_ms_per_step", "prefill_ms", "warmup_ms", "prepare_ms"):
             assert key in m
         assert t["weights"] == "random" and t["env.torch"] == torch.__version__
         assert "env.TORCHINDUCTOR_CACHE_DIR" not in t  # set by torch's imports, not by the user

@@ -77,7 +77,7 @@ def table(results: list[JobRecord]) -> Table:
     attns = {str(r.config.get("attn")) for r in results}
     t = Table()
     columns = [("#", "right"), ("run", "left"), ("status", "left"), ("step ms (median, 95% CI)", "right"),
-               ("wall ms/token", "right"), ("tokens/s", "right"), ("vs eager", "right"), ("vs floor", "right"),
+               ("wall ms/step", "right"), ("tokens/s", "right"), ("vs eager", "right"), ("vs floor", "right"),
                ("reason", "left")]
     if len(attns) > 1:  # the label names a backend other than sdpa; with several, say each
         columns.insert(2, ("attn", "left"))
@@ -86,7 +86,7 @@ def table(results: list[JobRecord]) -> Table:
     for r in results:
         m = r.metrics
         cells = ["-" if r.job_num is None else str(r.job_num), r.label, r.status, median_text(m, "noisy" in r.mode_tags),
-                 f"{m['wall_ms_per_token']:.3f}" if "wall_ms_per_token" in m else "-",
+                 f"{m['wall_ms_per_step']:.3f}" if "wall_ms_per_step" in m else "-",
                  f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
                  speedup_text(speedup.get(r.result_id), interval.get(r.result_id)),
                  f"{100 * m['efficiency']:.0f}%" if "efficiency" in m else "-",

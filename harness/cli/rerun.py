@@ -58,10 +58,13 @@ def rerun_config(logged: dict, overrides: list[str]):
     return OmegaConf.structured(to_run_config(changed))
 
 
+WALL = "wall_ms_per_step"  # runs stored before 2026-12-01's evening named it wall_ms_per_token (it was per step)
+
+
 def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:
     """Old and new medians; a new median outside the old run's 95% interval is flagged (another GPU, driver
     or host moves a run by more than its own blocks vary)."""
-    print("old run → rerun: median step ms [old 95% interval], wall ms/token")
+    print("old run → rerun: median step ms [old 95% interval], wall ms/step")
     for old, new in zip(old_runs, new_records):
         env = {k[len("env."):]: v for k, v in old.data.tags.items() if k.startswith("env.")}
         differ = sorted(k for k in env.keys() | new.environment.keys() if env.get(k) != new.environment.get(k))
@@ -71,7 +74,7 @@ def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:
         o, n = old.data.metrics, new.metrics
         fmt = lambda m, k: f"{m[k]:.3f}" if k in m else "-"  # noqa: E731
         print(f"  {old.info.run_name}: {fmt(o, 'step_ms_median')} → {fmt(n, 'step_ms_median')}{_against(o, n)}, "
-              f"{fmt(o, 'wall_ms_per_token')} → {fmt(n, 'wall_ms_per_token')}  ({old.info.run_id} → "
+              f"{fmt(o, WALL if WALL in o else 'wall_ms_per_token')} → {fmt(n, WALL)}  ({old.info.run_id} → "
               f"{new.mlflow_run_id or 'not logged'})")
 
 

@@ -133,7 +133,7 @@ def finish(record: JobRecord, ctx: JobContext) -> None:
 def outcome(record: JobRecord) -> str:
     if record.status == "FINISHED":
         m = record.metrics
-        return f"done, median {m['step_ms_median']:.3f} ms/step, {m['wall_ms_per_token']:.3f} ms/token wall"
+        return f"done, median {m['step_ms_median']:.3f} ms/step, {m['wall_ms_per_step']:.3f} ms/step wall"
     return f"{record.status}: {record.reason}"
 
 

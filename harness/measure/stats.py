@@ -56,21 +56,22 @@ def decode_metrics(blocks: list[DecodeTiming], bs: int) -> dict[str, float]:
     steps = [ms for b in blocks for ms in b.step_ms]
     stats = step_stats(steps)
     low, high = median_interval([b.step_ms for b in blocks])
-    wall_ms, tokens = sum(b.wall_ms for b in blocks), sum(b.n_tokens for b in blocks)
-    wall_per_token = wall_ms / tokens
+    # a step decodes one token of every row: times are per step; tokens/s counts every row
+    wall_ms, n_steps = sum(b.wall_ms for b in blocks), sum(b.n_tokens for b in blocks)
+    wall_per_step = wall_ms / n_steps
     metrics = {f"step_ms_{k}": v for k, v in stats.items()}
     metrics.update({f"block_{i}_step_ms_median": float(np.median(b.step_ms)) for i, b in enumerate(blocks)})
     metrics.update(
         step_ms_ci_low=low, step_ms_ci_high=high,
         step_ms_ci_pct=100.0 * max(stats["median"] - low, high - stats["median"]) / stats["median"],
-        wall_ms_per_token=wall_per_token,
+        wall_ms_per_step=wall_per_step,
         tokens_per_s=bs * 1000.0 / stats["median"],
-        tokens_per_s_wall=bs * 1000.0 / wall_per_token,
-        # the host's time outside the timed GPU work, per token: feeding and, for graphs, the replay's
+        tokens_per_s_wall=bs * 1000.0 / wall_per_step,
+        # the host's time outside the timed GPU work, per step: feeding and, for graphs, the replay's
         # launch. Eager launches inside its events (the GPU waits for the host), so there this is not
         # eager's host cost; the gap between eager's step time and graphed's is.
-        wall_minus_gpu_ms_per_token=wall_per_token - sum(ms * b.tokens_per_call for b in blocks for ms in b.step_ms)
-        / tokens,
+        wall_minus_gpu_ms_per_step=wall_per_step - sum(ms * b.tokens_per_call for b in blocks for ms in b.step_ms)
+        / n_steps,
         decode_wall_ms=wall_ms,
         repeats=float(len(blocks)),
     )
