@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return commands.main(argv)
     try:
         check_overrides(argv)
-        if not any(a.split("=", 1)[0] in SHOW_FLAGS for a in argv):
+        # (a saved config, --config-path/--config-name, is validated as the job starts: its keys are not conf/'s)
+        if not any(a.split("=", 1)[0] in SHOW_FLAGS + CONFIG_FLAGS for a in argv):
             from harness.cli.precheck import precheck
 
             precheck(argv, multirun=any(a in MULTIRUN_FLAGS or a.startswith("+experiment=") for a in argv))
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
 SHOW_FLAGS = ("--cfg", "-c", "--info", "-i", "--hydra-help", "--help", "-h")
 MULTIRUN_FLAGS = ("-m", "--multirun")
+CONFIG_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
 
 
 def without_multirun_when_showing(argv: list[str]) -> list[str]:
@@ -100,6 +102,7 @@ def run_hydra(argv: list[str]) -> int:
         return finished[-1]  # a launcher that ran the job elsewhere gets its record back
 
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends runs KILLED, as Ctrl-C does
+    take_status()  # a status left by an earlier process of this id (killed hard) is not this run's
     sys.argv = [sys.argv[0], *without_multirun_when_showing(argv)]  # Hydra reads its command line from sys.argv
     try:
         task()
