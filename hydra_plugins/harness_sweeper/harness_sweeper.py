@@ -30,21 +30,13 @@ def model_key(overrides: Sequence[str]) -> tuple:
     return tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~").split(".")[0] in MODEL_KEYS)
 
 
-def hydra_error(err: BaseException) -> str:
-    """Hydra's message and its OmegaConf cause (which names the valid options), on one line."""
-    lines = str(err).strip().split("Config search path")[0].splitlines()
-    if err.__cause__ is not None:
-        lines.append(str(err.__cause__).strip().splitlines()[0])
-    return " ".join(line.strip() for line in lines if line.strip() and not line.startswith("    "))
-
-
 class HarnessSweeper(BasicSweeper):
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None):
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.rejected = 0
 
     def get_job_batch(self) -> List[List[str]]:
-        from harness.cli.plugin_api import note_sweep_size, record_rejected, say
+        from harness.cli.plugin_api import note_sweep_size, one_line, record_rejected, say
 
         batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
         note_sweep_size(self._sweep_dir(), len(batch), 0, batch)  # the varying keys, before any job is recorded
@@ -54,7 +46,7 @@ class HarnessSweeper(BasicSweeper):
                 self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             except Exception as err:  # noqa: BLE001 - Hydra's message is the reason we record
                 self.rejected += 1
-                record_rejected(self.config, list(overrides), hydra_error(err), self.rejected)
+                record_rejected(self.config, list(overrides), one_line(err), self.rejected)
                 continue
             legal.append(overrides)
         total = sum(len(b) for b in self.overrides)
