@@ -121,7 +121,9 @@ def test_a_down_or_hung_store_costs_seconds_and_one_line(workdir, capsys, monkey
     proc = run_harness(*FAST, cwd=workdir, env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{hung.getsockname()[1]}"})
     elapsed = time.monotonic() - start
     hung.close()
-    assert proc.returncode == 3 and elapsed < 30, (elapsed, proc.stderr)  # 3: measured, not logged
+    # MLflow's own settings (7 retries of 120 s) would hold the job for minutes; the harness's budget (a 5 s
+    # request timeout, 15 s of retries) for under 20 s. 60 s leaves room for a loaded machine's start-up.
+    assert proc.returncode == 3 and elapsed < 60, (elapsed, proc.stderr)  # 3: measured, not logged
     (result,) = (workdir / "outputs").glob("**/result.json")
     assert json.loads(result.read_text())["status"] == "FINISHED"
     last = proc.stdout.strip().splitlines()[-1]  # the last line says so, and how to log it later
