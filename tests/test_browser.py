@@ -2,8 +2,10 @@
 real tiny sweep: the sweep's run names and a latency metric must be on the page."""
 from __future__ import annotations
 
+import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,20 @@ def _shows(page, value: float, timeout_s: float = 60) -> bool:
     return False
 
 
+def _printed(stdout: str, prefix: str) -> str:
+    return next(line[len(prefix):] for line in stdout.splitlines() if line.startswith(prefix))
+
+
+def _screenshot(page, name: str) -> None:
+    """With HARNESS_SCREENSHOT_DIR set, keep what the page shows (the README's screenshots come from here)."""
+    if folder := os.environ.get("HARNESS_SCREENSHOT_DIR"):
+        page.wait_for_timeout(1500)  # charts and the table's late columns
+        close = page.get_by_role("button", name="Close")  # MLflow's assistant panel, when it is open
+        if close.count():
+            close.first.click()
+        page.screenshot(path=str(Path(folder) / name))
+
+
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium (apt-get install chromium)")
 def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
     from mlflow.tracking import MlflowClient
@@ -40,16 +56,35 @@ def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs", wait_until="load")
-        page.get_by_text(parent.info.run_name).first.wait_for(timeout=60_000)
+        # the link the sweep printed opens the runs table (the model-training view, not a GenAI overview), the
+        # jobs fastest first with their medians and speedups as columns
+        runs_url = _printed(served_sweep.sweep.stdout, "Every run, fastest first: ")
+        page.goto(runs_url, wait_until="load")
+        assert parent.info.run_name.startswith("bs=1,2 · model=tiny ")  # what it varied, then fixed
+        assert "tracking" not in parent.info.run_name  # where it is stored is not what it measures
+        page.get_by_text(parent.info.run_name, exact=True).first.wait_for(timeout=60_000)
+        page.get_by_text("speedup_vs_eager").first.wait_for(timeout=60_000)
+        assert "/runs?" in page.url and "No data available" not in page.inner_text("body")  # not the GenAI overview
+        fastest = min(children, key=lambda c: c.data.metrics["step_ms_median"]).info.run_name
+        body = page.inner_text("body")
+        assert body.index(fastest) < body.index(parent.info.run_name)  # jobs flat, fastest first; parent below
+        _screenshot(page, "mlflow_runs_table.png")
+        # a parent's page opens on its description, the results table: every median above the fold
+        page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning",
+                  wait_until="load")
+        for c in children:
+            shown = page.get_by_text(f"{c.data.metrics['step_ms_median']:.3f}", exact=True).first
+            shown.wait_for(timeout=60_000)
+            box = shown.bounding_box()
+            assert box and box["y"] + box["height"] <= 900, box  # no scrolling to see it
+        _screenshot(page, "mlflow_parent_run.png")
         page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}", wait_until="load")
         page.get_by_text("tiny bs=1 ctx=8 cache=64 eager").first.wait_for(timeout=60_000)
         page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
         median = f"{child.data.metrics['step_ms_median']:.3f}"[:4]  # the UI rounds; its leading digits agree
         assert median in page.content()
         # the link the sweep printed opens MLflow's comparison of its runs, medians included
-        url = next(line.split(": ", 1)[1] for line in served_sweep.sweep.stdout.splitlines()
-                   if line.startswith("Compare this sweep's runs: "))
+        url = _printed(served_sweep.sweep.stdout, "Compare this sweep's runs: ")
         assert url.startswith(f"{server}/#/compare-runs?runs=")
         page.goto(url, wait_until="load")
         page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)

@@ -3,6 +3,7 @@ real subprocesses (or, for a subcommand's error path, through cli.main in proces
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import sqlite3
@@ -41,7 +42,7 @@ def test_no_secret_reaches_a_store_a_file_or_the_console(served_sweep):
     leaks = [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaks == []  # the server's database and artifacts, outputs/ (result.json, .hydra, sweep.json)
     assert len(list(root.glob("server/artifacts/**/config.yaml"))) == 2  # the scan saw the artifacts
-    assert len(list(root.glob("server/artifacts/**/report/summary.md"))) == 1
+    assert len(list(root.glob("server/artifacts/*/*/artifacts/summary.md"))) == 1  # on the parent, at the top
     assert not (root / "mlruns").exists()  # everything went to the server
 
 
@@ -144,7 +145,12 @@ def test_a_down_or_hung_store_costs_seconds_and_one_line(workdir, capsys, monkey
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts the graphed jobs that fail without CUDA")
 def test_report_on_a_resumed_sweep(workdir, capsys):
     sweep = ["-m", *FAST, "bs=1,2", "cache_len=64,128", "mode=eager,graphed"]
-    assert run_harness(*sweep, cwd=workdir).returncode == 1  # the graphed jobs need CUDA
+    first = run_harness(*sweep, cwd=workdir)
+    assert first.returncode == 1  # the graphed jobs need CUDA
+    link = next(line for line in first.stdout.splitlines() if line.startswith("Compare this sweep's runs: "))
+    finished = [c for c in runs_by_kind(store(workdir))[2] if c.info.status == "FINISHED"]
+    assert len(finished) == 4 and sorted(re.findall(r"%22([0-9a-f]{32})%22", link)) == sorted(
+        c.info.run_id for c in finished)  # the failed graphed runs are left out of the comparison
     again = run_harness(*sweep, "resume=true", cwd=workdir)
     assert "0 finished, 4 failed, 4 skipped (resume)" in again.stdout
     assert [line for line in again.stdout.splitlines() if line.endswith(" ")] == []  # no padding into a pipe
@@ -159,8 +165,8 @@ def test_report_on_a_resumed_sweep(workdir, capsys):
         image = matplotlib.image.imread(workdir / "rep" / png)
         assert image.ndim == 3 and image.shape[0] > 100
     resumed_parent = max(runs_by_kind(store(workdir))[1], key=lambda p: p.info.start_time)
-    logged = {a.path for a in store(workdir).list_artifacts(resumed_parent.info.run_id, "report")}
-    assert {"report/summary.md", "report/latency_vs_bs.png"} <= logged
+    logged = {a.path for a in store(workdir).list_artifacts(resumed_parent.info.run_id)}
+    assert {"summary.md", "latency_vs_bs.png"} <= logged
     client = store(workdir)
     empty = client.create_run(client.get_experiment_by_name("harness").experiment_id,
                               tags={"harness.kind": "sweep"}).info.run_id
@@ -181,6 +187,13 @@ def test_ui_refuses_a_busy_port(workdir, capsys):
 def test_help_and_version_are_the_harness_own(workdir):
     helped = run_harness("--help", cwd=workdir)
     assert helped.returncode == 0 and "harness report" in helped.stdout and "powered by Hydra" not in helped.stdout
+    # the presets and the tiny model, as conf/ holds them (a new preset lists itself)
+    listed = lambda prefix: next(l for l in helped.stdout.splitlines() if l.startswith(prefix))  # noqa: E731
+    presets = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
+    assert listed("named sweeps (+experiment=NAME): ").split(": ", 1)[1].startswith(", ".join(presets) + " (")
+    models = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "model").glob("*.yaml"))
+    assert "tiny" in models and listed("models (model=NAME): ").split(": ", 1)[1].split(";")[0] == ", ".join(models)
+    assert "python -m harness -m model=tiny device=cpu" in helped.stdout
     assert run_harness("--version", cwd=workdir).stdout.startswith("harness 0.1.0")
 
 

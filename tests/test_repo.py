@@ -57,3 +57,18 @@ def test_lower_layers_import_no_upper_one():
                             and parts[1] not in allowed:
                         wrong.append(f"{path.relative_to(REPO)} imports {name}")
     assert wrong == []
+
+
+def test_the_readme_opens_with_the_results_that_harness_report_prints():
+    """The README's first screen is the H200 table, and it is `harness report --headline` of the committed result
+    folder its marker names, not figures typed by hand."""
+    from harness.analysis.headline import headline_markdown
+    from harness.analysis.report import latest_of_each_config
+
+    readme = (REPO / "README.md").read_text()
+    marker = re.search(r"<!-- results: python -m harness report (\S+) --headline -->\n(.*?)\n<!-- /results -->",
+                       readme, flags=re.S)
+    assert marker and readme[:marker.start()].count("\n") < 20  # on the first screen
+    records = latest_of_each_config(REPO / marker.group(1))[1]
+    assert marker.group(2) == headline_markdown(records)
+    assert "GPU NVIDIA H200" in marker.group(2) and len(records) >= 4

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,15 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
     assert sorted(c.info.run_name for c in children) == ["tiny bs=1 ctx=8 cache=64 eager", "tiny bs=2 ctx=8 cache=64 eager"]
     # the parent is MLflow's landing: per mode x bs medians and speedups, the plots, a link comparing the runs
     by_bs = {c.data.params["bs"]: c for c in children}
-    assert parent.data.metrics["median_ms/eager/bs2"] == by_bs["2"].data.metrics["step_ms_median"]
+    assert parent.info.run_name == "bs=1,2 · " + " ".join(FAST) + " mode=eager"  # what it varied, then what it fixed
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow opens its runs table
+    median = by_bs["2"].data.metrics["step_ms_median"]
+    assert parent.data.metrics["median_ms/eager/bs2"] == round(median, 3) != median  # as the tables print it
     assert parent.data.metrics["speedup/eager/bs1"] == 1.0 and parent.data.metrics["jobs_finished"] == 2
-    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
-        "report/summary.md", "report/latency_vs_bs.png", "report/speedup_vs_bs.png"}  # one context: no context plot
+    assert by_bs["1"].data.metrics["speedup_vs_eager"] == 1.0  # each child carries its own speedup
+    assert "| tiny | 8 | 2 | " + f"{median:.3f}" + " |" in parent.data.tags["mlflow.note.content"]  # its description
+    assert {a.path for a in client.list_artifacts(parent.info.run_id) if not a.is_dir} == {
+        "summary.md", "latency_vs_bs.png", "speedup_vs_bs.png"}  # at the top; one context: no context plot
     ids = sorted(c.info.run_id for c in children)
     url = next(line for line in proc.stdout.splitlines() if line.startswith("Compare this sweep's runs: "))
     assert url.startswith("Compare this sweep's runs: http://127.0.0.1:5000/#/compare-runs?runs=")
@@ -59,6 +65,9 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
         on_disk = json.loads((job_dir / "result.json").read_text())
         assert on_disk["mlflow_run_id"] == child.info.run_id
         assert [s.value for s in series] == pytest.approx(on_disk["step_ms"])
+        # the run spans its job, as result.json timed it (not the moment it was logged)
+        started, ended = (datetime.fromisoformat(on_disk[k]).timestamp() * 1000 for k in ("started", "ended"))
+        assert (child.info.start_time, child.info.end_time) == (int(started), int(ended)) and ended > started
 
 
 def test_failures_are_recorded_and_the_rest_still_runs(workdir):

@@ -17,16 +17,23 @@ from harness.store import results, tracking  # noqa: E402
 from harness.modes import MODES  # noqa: E402
 from harness.analysis.rows import Row, row_of  # noqa: E402
 from harness.analysis.summary import speedup_intervals, speedup_text, speedups  # noqa: E402
+from harness.record import JobRecord  # noqa: E402
 
 
 def load(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list[Row]]:
     """The sweep's parent run and one row per job run (failed ones included, with their reason), each from the
     run's logged result.json. A job that a resumed sweep skipped is shown by the finished run that stood in for it."""
+    parent, records = load_records(uri, parent_id, experiment)
+    return parent, [row_of(record, note) for record, note in records]
+
+
+def load_records(uri: str, parent_id: str | None, experiment: str) -> tuple[object, list[tuple[JobRecord, str]]]:
+    """The sweep's parent run and each job's record with a note (a resumed sweep's stand-in says so)."""
     parent = tracking.get_run(uri, parent_id) if parent_id else tracking.newest_sweep(uri, experiment)
     runs = [(run.info.run_id, "") for run in tracking.children(uri, parent)]
     runs += [(twin, f" (resumed: run {twin})") for key, twin in sorted(parent.data.tags.items())
              if key.startswith("harness.resumed.")]
-    return parent, [row_of(tracking.load_result(uri, run_id), note) for run_id, note in runs]
+    return parent, [(tracking.load_result(uri, run_id), note) for run_id, note in runs]
 
 
 def table_markdown(rows: list[Row]) -> str:
@@ -155,7 +162,7 @@ def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path | None
     made = plots(rows, out_dir)
     made = [out_dir / "summary.md", *made]
     for path in made:
-        tracking.client(uri).log_artifact(parent.info.run_id, str(path), "report")
+        tracking.client(uri).log_artifact(parent.info.run_id, str(path))  # at the top, as the sweep logs them
     return text, made, parent.info.run_id
 
 
@@ -170,12 +177,18 @@ def from_records(records, title: str, out_dir: Path, notes: list[str] = ()) -> l
 def from_folder(folder: Path, out_dir: Path | None) -> list[Path]:
     """The report of every result file under `folder` (sub-sweeps of one plan, run where no store was). A
     config that ran more than once shows its latest run; the earlier ones are listed under the table."""
-    records = sorted(results.read_folder(folder), key=lambda r: (r.status != "SKIPPED", r.started))
-    latest = {r.config_hash or r.result_id: r for r in records}  # the later run of a config replaces the earlier
-    kept = {id(r) for r in latest.values()}  # (a resumed sweep's SKIPPED record sorts first: it never replaces one)
+    records, latest = latest_of_each_config(folder)
+    kept = {id(r) for r in latest}
     notes = [f"- {'skipped by resume' if r.status == 'SKIPPED' else 'ran again later'}, not in the table: "
              f"{r.label} {r.status} ({r.job_dir or '?'})" for r in records if id(r) not in kept]
-    return from_records(list(latest.values()), f"results under {folder}", out_dir or default_dir(), notes)
+    return from_records(latest, f"results under {folder}", out_dir or default_dir(), notes)
+
+
+def latest_of_each_config(folder: Path) -> tuple[list[JobRecord], list[JobRecord]]:
+    """Every record under the folder, oldest first, and the latest of each config among them (a resumed
+    sweep's SKIPPED record sorts first, so it never replaces the run it stood for)."""
+    records = sorted(results.read_folder(folder), key=lambda r: (r.status != "SKIPPED", r.started))
+    return records, list({r.config_hash or r.result_id: r for r in records}.values())
 
 
 def default_dir() -> Path:

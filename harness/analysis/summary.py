@@ -65,10 +65,18 @@ def parent_metrics(records: list[JobRecord]) -> dict[str, float]:
                "jobs_failed": float(sum(not rec.ok for rec in records))}
     for r in (r for r in rows if r["status"] == "FINISHED" and r["median_ms"]):
         name = "/".join([r["variant"].replace(" ", "_").replace("=", ""), *(f"{k}{r[k]}" for k in varied), f"bs{r['bs']}"])
-        metrics[f"median_ms/{name}"] = r["median_ms"]
+        metrics[f"median_ms/{name}"] = round(r["median_ms"], 3)  # as the tables print them (MLflow shows all digits)
         if r["id"] in speedup:
-            metrics[f"speedup/{name}"] = speedup[r["id"]]
+            metrics[f"speedup/{name}"] = round(speedup[r["id"]], 3)
     return metrics
+
+
+def child_speedups(records: list[JobRecord]) -> dict[str, float]:
+    """MLflow run id -> the run's speedup over the eager run of its config in the same sweep (rounded as printed),
+    for the logged runs that have one: a metric MLflow's compare page can chart beside the median."""
+    rows = [row_of(r) for r in records]
+    speedup = speedups(rows)
+    return {r["mlflow_run_id"]: round(speedup[r["id"]], 3) for r in rows if r["id"] in speedup and r["mlflow_run_id"]}
 
 
 def table(results: list[JobRecord]) -> Table:

@@ -22,7 +22,7 @@ from harness.progress import say
 from harness.record import JobRecord, exit_code, failure_summary, flatten
 from harness.store.redact import redact, redact_files
 from harness.cli.runner import JobContext, close_parent, execute, finish, new_record, open_parent
-from harness.analysis.summary import parent_metrics, print_summary
+from harness.analysis.summary import child_speedups, parent_metrics, print_summary
 
 def run_job(cfg: DictConfig) -> JobRecord:
     """The Hydra task: one job of a run or a sweep."""
@@ -77,20 +77,43 @@ def summarize(records: list[JobRecord], title: str, uri: str, wall_s: float | No
 
 def land(uri: str, parent: str | None, experiment: str, records: list[JobRecord], sweep_dir: Path) -> None:
     """The sweep's parent as MLflow's landing page: the figures a user would chart (median and speedup per
-    mode x bs) as its metrics, the report's plots as its artifacts, and a link to the page comparing its runs."""
+    mode x bs) as its metrics, the results table as its description (the first thing its page shows), the
+    report's summary and plots as its first artifacts, each child's speedup over eager, and a link to the
+    page comparing the finished runs."""
     if parent is None:
         return
     from harness.analysis import report  # matplotlib: only when a sweep ends
+    from harness.analysis.headline import headline_markdown
 
     try:
         c, now = tracking.client(uri), int(time.time() * 1000)
         c.log_batch(parent, metrics=[Metric(k, v, now, 0) for k, v in parent_metrics(records).items()])
+        for run_id, speedup in child_speedups(records).items():
+            c.log_metric(run_id, "speedup_vs_eager", speedup, now)
+        c.set_tag(parent, "mlflow.note.content", redact(headline_markdown(records, conditions_first=False))[:5000])
         for path in report.from_records(records, f"sweep {sweep_dir.name}", sweep_dir / "report"):
-            c.log_artifact(parent, str(path), "report")
-        if ids := [r.mlflow_run_id for r in records if r.mlflow_run_id]:
+            c.log_artifact(parent, str(path))  # at the top: the artifacts tab opens on them, not on a folder
+        if ids := [r.mlflow_run_id for r in records if r.mlflow_run_id and r.status == "FINISHED"]:
             print(f"Compare this sweep's runs: {tracking.compare_url(uri, experiment, ids)}")
+            print(f"Every run, fastest first: {tracking.runs_table_url(uri, experiment)}")
     except Exception as err:  # noqa: BLE001 - the landing is a convenience; the runs are logged already
         say(f"warning: could not log the sweep's figures on its parent run ({type(err).__name__}: {redact(str(err))[:200]})")
+
+
+NOT_IN_THE_NAME = ("tracking.", "resume=", "hydra.", "hydra/")
+
+
+def sweep_name(task_overrides: list[str], preset_params: dict) -> str:
+    """A parent run's name: the axes the sweep varied, as typed (`bs=1,2,4,8 × mode=eager,graphed`), a preset's own
+    axes included unless the command line set them, then after ` · ` the keys it fixed (`model=tiny`). Where the runs
+    are stored, `resume` and Hydra's own settings are not what the sweep measures: they are left out."""
+    given = {o.lstrip("+").split("=", 1)[0] for o in task_overrides}
+    typed = [o.lstrip("+") for o in task_overrides if not o.lstrip("+").startswith(NOT_IN_THE_NAME)]
+    typed += [f"{key}={value}" for key, value in preset_params.items() if key not in given]
+    swept = [o for o in typed if "," in o or "(" in o]  # a list, or a sweep function: range(...), choice(...)
+    fixed = [o for o in typed if o not in swept]
+    name = " · ".join(part for part in (" × ".join(swept), " ".join(fixed)) if part)
+    return redact(name)[:240] or "sweep of the defaults"
 
 
 REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
@@ -116,7 +139,8 @@ class SweepCallback(Callback):
         refuse_sqlite_across_hosts(config.hydra.launcher.get("_target_", ""), uri)
         tracking.mark_abandoned_quietly(uri, config.tracking.experiment)
         overrides = redact(" ".join(config.hydra.overrides.task))
-        parent = open_parent(uri, config.tracking.experiment, f"sweep {sweep_dir.name}", "sweep",
+        name = sweep_name(list(config.hydra.overrides.task), dict(config.hydra.sweeper.get("params") or {}))
+        parent = open_parent(uri, config.tracking.experiment, name, "sweep",
                              {"overrides": overrides, "sweep_dir": str(sweep_dir.resolve())})
         set_status(1)  # until the sweep ends
         update_sweep_file(sweep_dir, parent_run_id=parent, tracking_uri=redact(uri), started=started,

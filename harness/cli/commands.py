@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sweep_run_id", nargs="?", default=None, help="a parent run id or a folder (default: the newest sweep)")
     p.add_argument("--experiment", default="harness")
     p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
+    p.add_argument("--headline", action="store_true", help="print only the results table the README opens with "
+                   "(each mode's median and speedup, the runs' shared conditions above it) and write nothing")
     p = sub.add_parser("compare", parents=[store], help="two sweeps (runs, outputs/ folders) matched by config: "
                        "ratios with intervals, verdicts; exit 1 when any run is slower")
     p.add_argument("baseline")
@@ -95,7 +97,7 @@ def _run(args, uri: str) -> int:
     if args.command == "sync":
         return sync(uri, args.output_dir, args.experiment)
     if args.command == "report":
-        return report(uri, args.sweep_run_id, args.experiment, args.out)
+        return report(uri, args.sweep_run_id, args.experiment, args.out, args.headline)
     if args.command == "compare":
         from harness.analysis import compare
 
@@ -193,9 +195,16 @@ def _experiments(output_dir: Path, records: list[JobRecord]) -> set[str]:
     return names | {read_sweep_file(p.parent).get("experiment", "harness") for p in output_dir.glob(f"**/{SWEEP_FILE}")}
 
 
-def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None) -> int:
+def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None, headline: bool = False) -> int:
     from harness.analysis import report as sweep_report
 
+    if headline:
+        from harness.analysis.headline import headline_markdown
+
+        records = (sweep_report.latest_of_each_config(Path(sweep_run_id))[1] if _is_dir(sweep_run_id) else
+                   [record for record, _ in sweep_report.load_records(uri, sweep_run_id, experiment)[1]])
+        print(headline_markdown(records))
+        return 0
     if _is_dir(sweep_run_id):  # the output folder (a temporary one unless told) is made once the input is read
         made = sweep_report.from_folder(Path(sweep_run_id), out)
         print(made[0].read_text())
@@ -203,7 +212,7 @@ def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None
         return 0
     text, made, parent = sweep_report.build(uri, sweep_run_id, experiment, out)
     print(text)
-    print(f"wrote {', '.join(p.name for p in made)} in {made[0].parent}; logged under report/ on run {parent}")
+    print(f"wrote {', '.join(p.name for p in made)} in {made[0].parent}; logged on run {parent}")
     return 0
 
 

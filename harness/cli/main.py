@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from harness.cli import COMMANDS
 from harness.cli.sweep_file import take_status
@@ -29,6 +30,21 @@ The keys, their defaults and meanings are in the README's table (the schema is h
 `harness COMMAND --help` describes a subcommand."""
 
 
+def usage() -> str:
+    """USAGE, then what the axes take, read from conf/ and the registries (so a new preset lists itself)."""
+    from harness.kernels import ATTENTION
+    from harness.modes import MODES
+
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+    models = sorted(p.stem for p in (Path(CONF_DIR) / "model").glob("*.yaml"))
+    return "\n".join([USAGE, "",
+                      f"models (model=NAME): {', '.join(models)}; `tiny` is 2 layers, for a CPU smoke test:",
+                      "  python -m harness -m model=tiny device=cpu bs=1,2 decode_tokens=16 warmup=2 repeats=1",
+                      f"named sweeps (+experiment=NAME): {', '.join(presets)} (conf/experiment/NAME.yaml says what each answers)",
+                      f"modes (mode=NAME): {', '.join(MODES)}",
+                      f"attention backends (attn=NAME): {', '.join(ATTENTION)}"])
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -45,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     interpret_without_gpu()  # before anything imports triton: Triton kernels on a CPU run in its interpreter
     if argv[:1] in (["--help"], ["-h"]):
-        print(USAGE)
+        print(usage())
         return 0
     if argv[:1] == ["--version"]:
         print(f"harness {_version()}")

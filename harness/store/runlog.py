@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 from mlflow.entities import Metric, Param
@@ -35,7 +36,9 @@ def _log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRe
     tags = {"harness.kind": "job", **owner(), **_tags(record)}  # owned: a kill before its end is repaired
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
-    run_id = c.create_run(experiment_id(uri, experiment), run_name=record.label, tags=tags).info.run_id
+    # the run spans the job (not its logging), so MLflow's Duration column reads the job's own time
+    run_id = c.create_run(experiment_id(uri, experiment), run_name=record.label, tags=tags,
+                          start_time=_epoch_ms(record.started)).info.run_id
     now = int(time.time() * 1000)
     params = [Param(k, redact(str(v))) for k, v in flatten(record.config).items()]
     metrics = [Metric(k, float(v), now, 0) for k, v in record.metrics.items() if v is not None]
@@ -48,8 +51,13 @@ def _log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRe
                  "trace.json.gz"):
         if (job_dir / name).is_file():
             c.log_artifact(run_id, str(job_dir / name))
-    c.set_terminated(run_id, status=record.status)
+    c.set_terminated(run_id, status=record.status, end_time=_epoch_ms(record.ended))
     return run_id
+
+
+def _epoch_ms(iso_time: str | None) -> int | None:
+    """An ISO 8601 time of the record (`2026-12-01T19:32:05.216+00:00`) as MLflow's epoch ms; None: now."""
+    return int(datetime.fromisoformat(iso_time).timestamp() * 1000) if iso_time else None
 
 
 def _tags(record: JobRecord) -> dict[str, str]:

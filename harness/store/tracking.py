@@ -66,13 +66,28 @@ def _file_lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# MLflow 3 opens an experiment without the kind tag on its GenAI overview (traces, evaluations); with it, on the
+# runs table of its model-training view. The shared view (MLflow's own "share view" state, opened by the
+# address runs_table_url gives) lists the job runs fastest first with the columns a reader compares.
+VIEW_KEY = "harness"
+RUNS_VIEW = {"selectedColumns": ["params.`model.name`", "params.`bs`", "params.`context_len`", "params.`mode`",
+                                 "params.`attn`", "metrics.`step_ms_median`", "metrics.`speedup_vs_eager`",
+                                 "metrics.`tokens_per_s`", "metrics.`step_ms_ci_pct`"],
+             "orderByKey": "metrics.`step_ms_median`", "orderByAsc": True}
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development",
+                   f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(RUNS_VIEW)}
+
+
 def experiment_id(uri: str, name: str) -> str:
     c = client(uri)
     found = c.get_experiment_by_name(name)
     if found is not None:
+        for key, value in EXPERIMENT_TAGS.items():  # made by an older harness, or by hand: a user's choice stays
+            if not found.tags.get(key):
+                c.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_root(uri))
+        return c.create_experiment(name, artifact_location=_artifact_root(uri), tags=EXPERIMENT_TAGS)
     except Exception:  # noqa: BLE001 - a process beside this one created it first
         if (found := c.get_experiment_by_name(name)) is None:
             raise
@@ -232,11 +247,22 @@ def end_run(uri: str, run_id: str, status: str, reason: str | None = None) -> No
 def compare_url(uri: str, experiment: str, run_ids: list[str]) -> str:
     """MLflow's page comparing these runs side by side (metrics, params, charts), on the server the runs
     live on, or on the `harness ui` this store would be browsed with."""
-    parsed = urlparse(uri)
-    base = (f"{parsed.scheme}://{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "") + parsed.path.rstrip("/")
-            if parsed.scheme in ("http", "https") else "http://127.0.0.1:5000")  # never the credentials
     query = f"runs={quote(json.dumps(run_ids))}&experiments={quote(json.dumps([experiment_id(uri, experiment)]))}"
-    return f"{base}/#/compare-runs?{query}"
+    return f"{_ui_base(uri)}/#/compare-runs?{query}"
+
+
+def runs_table_url(uri: str, experiment: str) -> str:
+    """The experiment's runs table in MLflow's model-training view, in the harness's shared view."""
+    return (f"{_ui_base(uri)}/#/experiments/{experiment_id(uri, experiment)}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")
+
+
+def _ui_base(uri: str) -> str:
+    """The UI's address: the server the runs live on (never its credentials), or the one `harness ui` serves."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return "http://127.0.0.1:5000"
+    return f"{parsed.scheme}://{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "") + parsed.path.rstrip("/")
 
 
 def ui_command(uri: str) -> str:
