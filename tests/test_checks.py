@@ -83,3 +83,19 @@ def test_the_decode_metrics_are_what_the_step_times_give_by_hand():
     k_step = decode_metrics([DecodeTiming([1.0, 1.0], 5.0, "host", 2, torch.empty(0))], bs=1)
     assert k_step["step_ms_median"] == 1.0 and k_step["wall_ms_per_step"] == pytest.approx(5.0 / 4)
     assert k_step["wall_minus_gpu_ms_per_step"] == pytest.approx(5.0 / 4 - 4.0 / 4)
+    assert m["timed_over_wall_max"] == pytest.approx(max(6.0 / 10.0, 6.0 / 8.0))  # each block's timed ms / its wall
+    assert k_step["timed_over_wall_max"] == pytest.approx(4.0 / 5.0)  # 2 calls x 2 tokens x 1 ms in 5 ms
+
+
+def test_timed_calls_that_outrun_their_wall_clock_fail_the_run():
+    """The cross-check on every run: a block's timed calls lie inside its wall clock. Bugs caught: a K-step call's
+    time counted per token but summed per call twice (x K), events read on another stream, ms taken for s."""
+    from harness.measure.stats import clock_failure, decode_metrics
+    from harness.measure.timing import DecodeTiming
+
+    honest = decode_metrics([DecodeTiming([1.0, 1.0], 4.02, "cuda_event", 2, torch.empty(0))], bs=1)
+    assert clock_failure(honest) is None  # 4 ms of calls in 4.02 ms of wall
+    outrun = decode_metrics([DecodeTiming([1.0, 1.0], 3.5, "cuda_event", 2, torch.empty(0))], bs=1)
+    assert "add up to 1.143x the block's wall clock" in clock_failure(outrun)
+    run = measure(run_config(*FAST, "device=cpu"))  # a real run's clocks agree, and it passes
+    assert run.failure is None and 0 < run.metrics["timed_over_wall_max"] <= 1.0

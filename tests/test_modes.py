@@ -81,7 +81,14 @@ def test_cache_len_counts_whole_replays_of_graph_steps():
         run_config(*ok, "cache_len=159")
 
 
-def test_every_mode_is_in_the_schema():
+def test_every_registered_mode_names_a_mode_class_that_is_there():
+    """Bug caught: a registry line whose target names a module or class that is not there (a rename, a typo). The
+    schema reads names only, so it would accept `mode=NAME`, and every job of that mode would fail as it started."""
+    from harness.modes.base import DecodeMode
+
+    classes = {name: spec.mode_class() for name, spec in MODES.items()}
+    assert all(issubclass(c, DecodeMode) and c is not DecodeMode for c in classes.values())
+    assert len(set(classes.values())) == len(MODES)  # no two names for one class
     for name in MODES:
         assert run_config(f"mode={name}").mode == name
 

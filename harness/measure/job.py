@@ -24,7 +24,7 @@ from harness.modes.base import DecodeMode
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations
-from harness.measure.stats import NOISY_PCT, decode_metrics, is_noisy
+from harness.measure.stats import NOISY_PCT, clock_failure, decode_metrics, is_noisy
 from harness.measure.timing import run_steps, timed_decode
 from harness.measure.verify import verify
 
@@ -106,6 +106,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     with stopwatch(device, metrics, "verify_ms"):
         checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]))
     metrics.update(checks)
+    failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 

@@ -74,8 +74,29 @@ def decode_metrics(blocks: list[DecodeTiming], bs: int) -> dict[str, float]:
         / n_steps,
         decode_wall_ms=wall_ms,
         repeats=float(len(blocks)),
+        timed_over_wall_max=max(timed_over_wall(b) for b in blocks),
     )
     return metrics
+
+
+# The timed calls of a block lie inside its wall clock (events recorded after the block's start, one sync at its
+# end), so their sum can pass the wall only by the clocks' resolution; 1% leaves room for that and nothing else.
+TIMED_OVER_WALL_LIMIT = 1.01
+
+
+def timed_over_wall(block: DecodeTiming) -> float:
+    """The block's timed ms (each call's per-token time x the tokens of a call, summed) over its wall ms."""
+    return sum(ms * block.tokens_per_call for ms in block.step_ms) / block.wall_ms
+
+
+def clock_failure(metrics: dict[str, float]) -> str | None:
+    """A run whose timed calls add up to more than the wall clock around them measured with a wrong clock (a
+    unit, the tokens of a call, events on another stream): its step times cannot be trusted."""
+    ratio = metrics["timed_over_wall_max"]
+    if ratio <= TIMED_OVER_WALL_LIMIT:
+        return None
+    return (f"the timed calls of a block add up to {ratio:.3f}x the block's wall clock (at most "
+            f"{TIMED_OVER_WALL_LIMIT} can be right): the step times are not what the GPU did")
 
 
 def is_noisy(metrics: dict[str, float]) -> bool:
