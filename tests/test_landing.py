@@ -46,3 +46,16 @@ def test_the_headline_never_merges_runs_that_differ_in_a_key_it_does_not_show():
     twin = copy.deepcopy(records[0])
     twin.config["seed"], twin.result_id = 1, "seed1"  # a key the table has no column for: said, not dropped
     assert "Shown once, the later of two runs of one cell" in headline_markdown([*records, twin])
+
+
+def test_a_job_that_never_ran_is_a_row_named_by_its_label():
+    """A job whose process died before it recorded anything has a label and a reason, but no config: the report
+    shows it under its name, not as a row of `None`s."""
+    from harness.analysis.report import table_markdown
+    from harness.analysis.rows import row_of
+    from harness.record import JobRecord
+
+    died = JobRecord(label="qwen3-0.6b bs=8 ctx=16 cache=auto eager", config={}, status="FAILED",
+                     reason="the job's process on GPU 0 died before it recorded a result")
+    row = next(line for line in table_markdown([row_of(died)]).splitlines() if "died" in line)
+    assert row.startswith("| qwen3-0.6b bs=8 ctx=16 cache=auto eager | - | - | - |") and "None" not in row

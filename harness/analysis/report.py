@@ -48,14 +48,15 @@ def table_markdown(rows: list[Row]) -> str:
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     shared: dict[tuple, list[str]] = defaultdict(list)  # (row, column) -> the names of the runs in that cell
     for r in rows:
-        key = (r["model"], r["context_len"], r["cache_len"], r["bs"])
+        key = (r["model"] or r["name"], r["context_len"], r["cache_len"], r["bs"])  # an unrun job: its name
         text = _cell(r, speedup_text(speedup.get(r["id"]), interval.get(r["id"])))
         cells[key][r["variant"]] = f"{cells[key][r['variant']]} / {text}" if r["variant"] in cells[key] else text
         shared[(key, r["variant"])].append(r["name"])
     lines = ["| model | context_len | cache_len | bs | " + " | ".join(modes) + " |",
              "|---|---:|---:|---:|" + "---|" * len(modes)]
     for key in sorted(cells, key=lambda k: (k[0] or "", *(x or 0 for x in k[1:]))):  # an unrun job has no config
-        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells[key].get(m, "") for m in modes) + " |")
+        lines.append("| " + " | ".join("-" if k is None else str(k) for k in key) + " | "
+                     + " | ".join(cells[key].get(m, "") for m in modes) + " |")
     lines += [f"\nRuns sharing a cell (their configs differ in keys the table does not show): {'; '.join(names)}"
               for names in shared.values() if len(names) > 1]
     return "\n".join(lines)

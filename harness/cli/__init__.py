@@ -1,3 +1,3 @@
 """Entry points: the Hydra task and its sweep callback, the subcommands, one-line errors, exit codes."""
 
-COMMANDS = ("report", "rerun", "sync", "compare", "export", "ui", "plan")  # the subcommands of harness/cli/commands.py
+COMMANDS = ("report", "rerun", "sync", "compare", "ab", "export", "ui", "plan")  # the subcommands of harness/cli/commands.py

@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", action="append", default=[], metavar="KEY", help="a config key to match across")
     p.add_argument("--threshold", default="3%", help="a change smaller than this is `same` (default: 3%%)")
     p.add_argument("--out", type=Path, default=None, help="where to write compare.md/.json/.png (default: a temp folder)")
+    _add_ab(sub, store)
     p = sub.add_parser("export", parents=[store], help="a sweep (run, outputs/ folder) as CSV or JSON, one row per run")
     p.add_argument("run_id")
     p.add_argument("--format", default="csv", choices=("csv", "json"))
@@ -69,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
     return parser
+
+
+def _add_ab(sub, store) -> None:
+    p = sub.add_parser("ab", parents=[store], help="two configs timed against each other in one process, in "
+                       "alternating blocks (AB BA ...): B / A with a paired 95%% interval and a verdict; exit 1 when "
+                       "B is slower")
+    p.add_argument("arm_a", help='arm A\'s overrides in one argument, e.g. "+inductor.triton.enable_pdl=false"')
+    p.add_argument("arm_b", help="arm B's overrides, the same way")
+    p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="overrides common to both arms")
+    p.add_argument("--pairs", type=int, default=4, help="pairs of timed blocks, at least 2 (default: 4)")
+    p.add_argument("--threshold", default="1%", help="a change inside ±this is `same` (default: 1%%)")
+    p.add_argument("--experiment", default="harness")
+    p.add_argument("--out", type=Path, default=None, help="where to write ab.md and ab.json (default: a temp folder)")
 
 
 def main(argv: list[str]) -> int:
@@ -103,6 +117,8 @@ def _run(args, uri: str) -> int:
 
         threshold = compare.parse_threshold(args.threshold)
         return compare.run(uri, args.baseline, args.candidate, args.ignore, threshold, args.out)
+    if args.command == "ab":
+        return _ab(uri, args)
     if args.command == "export":
         return export(uri, args.run_id, args.format, args.out)
     if args.command == "plan":
@@ -214,6 +230,21 @@ def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None
     print(text)
     print(f"wrote {', '.join(p.name for p in made)} in {made[0].parent}; logged on run {parent}")
     return 0
+
+
+def _ab(uri: str, args) -> int:
+    from harness.analysis import ab, compare
+    from harness.cli.precheck import compose_single_run
+
+    if args.pairs < 2:
+        raise ConfigError(f"--pairs={args.pairs}: use at least 2 (one AB and one BA, so that order favours neither)")
+    from harness.measure.job import JobError
+
+    cfg_a, cfg_b = (compose_single_run([*args.overrides, *arm.split()]) for arm in (args.arm_a, args.arm_b))
+    try:
+        return ab.run(uri, args.experiment, cfg_a, cfg_b, args.pairs, compare.parse_threshold(args.threshold), args.out)
+    except JobError as err:  # an arm that cannot run here (graphed on a CPU): the user's to change, in one line
+        raise ConfigError(str(err)) from err
 
 
 def _is_dir(given: str | None) -> bool:

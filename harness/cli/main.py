@@ -21,6 +21,7 @@ USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m har
        harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each
        harness report [SWEEP_RUN_ID|DIR] | rerun RUN_ID [KEY=VALUE ...] | sync OUTPUT_DIR | ui
        harness compare BASELINE CANDIDATE [--ignore KEY] [--threshold 3%]   exit 1 when a run got slower
+       harness ab "KEY=A ..." "KEY=B ..." [KEY=VALUE ...] [--pairs 4]   B against A in one process: ratio, verdict
        harness export RUN_ID|DIR [--format csv|json]   one row per run: config, statistics, environment
        harness plan [-m] KEY=A,B ... [+experiment=NAME]   the jobs a sweep would run, each one's past time, the total
        harness --tracking-uri URI COMMAND ...     any subcommand against another store

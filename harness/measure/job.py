@@ -86,7 +86,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     model = loaded.model
     prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
-    stepper, warm_tokens = _run_phases(cfg, model, mode, prompt, device, on_phase, phases)
+    stepper, warm_tokens = run_phases(cfg, model, mode, prompt, device, on_phase, phases)
     blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase)
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
                "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
@@ -129,7 +129,7 @@ def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[li
     return blocks, gpu
 
 
-def _run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
+def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
     """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up. Returns the
     stepper and the tokens its warm-up decoded."""
     cuda = device.type == "cuda"

@@ -105,6 +105,23 @@ def start_parent(uri: str, experiment: str, run_name: str, kind: str, tags: dict
         experiment_id(uri, experiment), run_name=redact(run_name), tags=tags).info.run_id)
 
 
+def log_ab(uri: str, experiment: str, run_name: str, result: dict, files: list[Path]) -> str:
+    """A paired A/B as a finished run of its own (kind `ab`): the ratio, its interval and both medians as metrics,
+    the verdict, the arms and what they differ in as tags, its files as artifacts."""
+    c = client(uri)
+    tags = redact_tree({"harness.kind": "ab", "verdict": result["verdict"], "arm_a": result["arm_a"],
+                        "arm_b": result["arm_b"], "differs": json.dumps(result["differs"], default=str)[:5000],
+                        **{f"env.{k}": str(v) for k, v in result["environment"].items()}})
+    run_id = retry.with_retries(f"opening {run_name}", lambda: c.create_run(
+        experiment_id(uri, experiment), run_name=redact(run_name)[:240], tags=tags).info.run_id)
+    for key in ("ratio", "low", "high", "median_a_ms", "median_b_ms", "threshold", "pairs"):
+        c.log_metric(run_id, key, float(result[key]))
+    for path in files:
+        c.log_artifact(run_id, str(path))
+    c.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
 def owner() -> dict[str, str]:
     """Which process holds a RUNNING run, so that a later process can tell it was abandoned."""
     return {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid())}

@@ -1,0 +1,105 @@
+"""`harness ab "KEY=A ..." "KEY=B ..."`: is B faster than A, on this GPU, now?
+
+Both arms are timed in one process (measure/ab.py), in alternating blocks; the ratio B / A gets a paired
+hierarchical bootstrap interval and a verdict at a threshold t: `slower` when the whole interval lies above 1 + t,
+`faster` when below 1 - t, `same` when it lies within 1 ± t, and `ambiguous` when it straddles a bound (more
+pairs would tell). The result is printed, written as ab.md and ab.json, and logged to MLflow as a run of its own
+(kind `ab`), like `compare`'s files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.config.schema import RunConfig, identity
+from harness.measure.ab import Arm, time_arms
+from harness.measure.stats import paired_ratio_interval
+from harness.progress import say
+from harness.record import flatten
+from harness.store import tracking
+from harness.store.redact import redact
+
+
+@dataclass
+class AbResult:
+    arm_a: str
+    arm_b: str
+    differs: dict  # key -> [A's value, B's value]
+    median_a_ms: float
+    median_b_ms: float
+    ratio: float  # B / A
+    low: float
+    high: float
+    threshold: float
+    verdict: str
+    pairs: int
+    environment: dict
+
+
+def verdict(low: float, high: float, threshold: float) -> str:
+    if low > 1 + threshold:
+        return "slower"
+    if high < 1 - threshold:
+        return "faster"
+    if low >= 1 - threshold and high <= 1 + threshold:
+        return "same"
+    return "ambiguous"
+
+
+def differing_keys(cfg_a: RunConfig, cfg_b: RunConfig) -> dict[str, list]:
+    """The keys the arms differ in (what the A/B measures), as [A's, B's]."""
+    a, b = (flatten(identity(_plain(c))) for c in (cfg_a, cfg_b))
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _plain(cfg: RunConfig) -> dict:
+    """The config as the plain data a record holds (enums as their values)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=lambda v: getattr(v, "value", str(v))))
+
+
+def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float) -> AbResult:
+    blocks_a, blocks_b = ([t.step_ms for t in arm.blocks] for arm in (arm_a, arm_b))
+    ratio, low, high = paired_ratio_interval(blocks_a, blocks_b)
+    return AbResult(arm_a.cfg.label, arm_b.cfg.label, differing_keys(arm_a.cfg, arm_b.cfg),
+                    float(np.median(np.concatenate(blocks_a))), float(np.median(np.concatenate(blocks_b))),
+                    ratio, low, high, threshold, verdict(low, high, threshold), len(blocks_a), environment)
+
+
+def markdown(r: AbResult) -> str:
+    changed = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in r.differs.items()) or "nothing (identical arms)"
+    return "\n".join([
+        "# A/B, paired in one process", "",
+        f"- A: {r.arm_a}, median {r.median_a_ms:.4f} ms/step",
+        f"- B: {r.arm_b}, median {r.median_b_ms:.4f} ms/step",
+        f"- B differs in: {changed}",
+        f"- B / A = {r.ratio:.4f} (95% interval {r.low:.4f}-{r.high:.4f}, {r.pairs} pairs of blocks, balanced order)",
+        f"- verdict at ±{100 * r.threshold:g}%: **{r.verdict}**",
+        f"- on {r.environment.get('gpu_name') or r.environment.get('device')} "
+        f"{r.environment.get('gpu_uuid', '')}, torch {r.environment.get('torch')}",
+        "- neither arm is verified here: run each as a job (`python -m harness KEY=...`) for its checks", ""])
+
+
+def run(uri: str, experiment: str, cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, threshold: float,
+        out_dir: Path | None) -> int:
+    """Time, print, write, log. Exit status: 1 when B is slower (a gate, as `compare`), else 0."""
+    arm_a, arm_b, environment = time_arms(cfg_a, cfg_b, pairs, on_phase=lambda phase: say(f"ab: {phase}"))
+    result = result_of(arm_a, arm_b, environment, threshold)
+    text = markdown(result)
+    print(text)
+    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-ab-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ab.md").write_text(text)
+    (out_dir / "ab.json").write_text(json.dumps({**asdict(result), "blocks_a_ms": [b.step_ms for b in arm_a.blocks],
+                                                 "blocks_b_ms": [b.step_ms for b in arm_b.blocks]}, indent=1))
+    try:
+        run_id = tracking.log_ab(uri, experiment, f"ab {result.arm_a} vs {result.arm_b}", asdict(result),
+                                 [out_dir / "ab.md", out_dir / "ab.json"])
+        print(f"wrote ab.md, ab.json in {out_dir}; logged as run {run_id}")
+    except Exception as err:  # noqa: BLE001 - the files hold the result; the store is a convenience
+        say(f"warning: could not log the A/B to {redact(uri)} ({type(err).__name__}); its files are in {out_dir}")
+    return 1 if result.verdict == "slower" else 0

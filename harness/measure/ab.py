@@ -1,0 +1,77 @@
+"""Two configs timed against each other in one process on one device: a paired A/B.
+
+Leases differ (one compiled config measured 0.998-1.159 ms across four H200s), and a GPU drifts within a lease
+(clocks, temperature, what else the host does). So both arms are prepared first, side by side, and then timed in
+alternating blocks in balanced order (AB BA AB BA ...): block i of A and block i of B ran back to back, and a
+drift moves both. The ratio's interval comes from resampling those pairs (stats.paired_ratio_interval).
+
+Pure measurement: no Hydra, no MLflow. Neither arm is verified here (`harness` runs each as a job for that).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from harness.clock import resolve_device
+from harness.config.schema import RunConfig
+from harness.measure.environment import environment_tags
+from harness.measure.job import JobError, run_phases, seeded_prompt
+from harness.measure.stats import clock_failure, decode_metrics
+from harness.measure.timing import run_steps, timed_decode
+from harness.models import get_model
+from harness.modes import spec
+
+
+@dataclass
+class Arm:
+    cfg: RunConfig
+    blocks: list = field(default_factory=list)  # its DecodeTimings, in the order they ran
+    prepare_ms: float = 0.0
+
+
+def balanced_order(pairs: int) -> list[str]:
+    """AB, BA, AB, BA, ...: each arm runs first in half the pairs, so a warm-up or drift favours neither."""
+    return [arm for i in range(pairs) for arm in ("AB" if i % 2 == 0 else "BA")]
+
+
+def time_arms(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int,
+              on_phase: Callable[[str], None] = lambda phase: None) -> tuple[Arm, Arm, dict[str, str]]:
+    """Prepare both arms (model, mode, prefill, warm-up), then time `pairs` pairs of blocks of `decode_tokens`
+    steps in balanced order, each block from the prefilled context after `warmup` steps. Returns the arms and
+    the environment they ran in."""
+    device = resolve_device(cfg_a.device)
+    if resolve_device(cfg_b.device) != device:
+        raise JobError(f"both arms must run on one device: device={cfg_a.device} against device={cfg_b.device}")
+    arms = {"A": Arm(cfg_a), "B": Arm(cfg_b)}
+    for arm in arms.values():  # before either is built: an arm that cannot run here costs nothing
+        if (why := spec(arm.cfg.mode).mode_class()().check(device)) is not None:
+            raise JobError(why)
+    steppers = {}
+    with torch.inference_mode():
+        for name, arm in arms.items():
+            on_phase(f"arm {name} ({arm.cfg.label}): prepare")
+            steppers[name] = _prepare(arm, device)
+        for i, name in enumerate(balanced_order(pairs)):
+            on_phase(f"block {i + 1}/{2 * pairs}: arm {name}")
+            stepper, cfg = steppers[name], arms[name].cfg
+            stepper.rewind()  # the same context each block; decode rewrites only the slots after it
+            run_steps(stepper, cfg.warmup)
+            arms[name].blocks.append(timed_decode(stepper, cfg.decode_tokens, device))
+    for name, arm in arms.items():
+        if (why := clock_failure(decode_metrics(arm.blocks, arm.cfg.bs))) is not None:
+            raise JobError(f"arm {name}: {why}")
+        steppers[name].release()
+    return arms["A"], arms["B"], environment_tags(device)
+
+
+def _prepare(arm: Arm, device: torch.device):
+    cfg = arm.cfg
+    mode = spec(cfg.mode).mode_class()()
+    loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed)
+    prompt = seeded_prompt(cfg.bs, cfg.context_len, loaded.model.config.vocab_size, cfg.seed, device)
+    phases: dict[str, float] = {}
+    stepper, _ = run_phases(cfg, loaded.model, mode, prompt, device, lambda phase: None, phases)
+    arm.prepare_ms = phases["prepare_ms"]
+    return stepper

@@ -1,0 +1,69 @@
+"""`harness ab`: two configs timed in one process in alternating blocks, their ratio from a paired bootstrap, a
+verdict, and a run in the store."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.analysis.ab import verdict
+from harness.cli import commands as cli
+from harness.measure.ab import balanced_order
+from harness.measure.stats import paired_ratio_interval
+from tests.support import store
+
+TINY = ["model=tiny", "device=cpu", "decode_tokens=16", "warmup=2", "context_len=8"]
+
+
+def test_the_verdict_reads_the_whole_interval_against_the_threshold():
+    assert verdict(1.02, 1.05, 0.01) == "slower" and verdict(0.95, 0.98, 0.01) == "faster"
+    assert verdict(0.995, 1.005, 0.01) == "same"
+    assert verdict(0.995, 1.02, 0.01) == "ambiguous"  # straddles 1.01: more pairs would tell, `same` would hide it
+    assert verdict(0.98, 1.005, 0.01) == "ambiguous"
+
+
+def test_the_order_is_balanced():
+    """Bug caught: a fixed AB AB order, which hands every second-place advantage (a warmer cache) to B."""
+    order = balanced_order(4)
+    assert order == list("ABBAABBA")
+    firsts = order[::2]
+    assert firsts.count("A") == firsts.count("B") == 2
+
+
+def test_the_ratio_interval_keeps_the_pairs():
+    """A drifts from 1 to 2 ms between its blocks, and B is 10% slower than A in each pair (it ran beside it). The
+    paired bootstrap sees exactly 1.1; drawing A's and B's blocks apart (the bug) would mix a 1 ms block of A with a
+    2.2 ms block of B and give an interval from 0.55 to 2.2."""
+    blocks_a = [[1.0] * 5, [2.0] * 5, [1.0] * 5, [2.0] * 5]
+    blocks_b = [[1.1] * 5, [2.2] * 5, [1.1] * 5, [2.2] * 5]
+    ratio, low, high = paired_ratio_interval(blocks_a, blocks_b)
+    assert ratio == pytest.approx(1.1) and low == pytest.approx(1.1) and high == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="paired blocks: 4 of A against 3 of B"):
+        paired_ratio_interval(blocks_a, blocks_b[:3])
+
+
+def test_a_slowed_arm_is_slower_and_identical_arms_are_the_same(workdir, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_INJECT_FAULT", "slow:cache=128")  # 20 ms more a step, inside arm B's timed step
+    assert cli.main(["ab", "cache_len=64", "cache_len=128", *TINY, "--pairs", "2", "--out", "slowed"]) == 1
+    slowed = json.loads((workdir / "slowed" / "ab.json").read_text())
+    assert slowed["verdict"] == "slower" and slowed["low"] > 2 and slowed["differs"] == {"cache_len": [64, 128]}
+    assert len(slowed["blocks_a_ms"]) == len(slowed["blocks_b_ms"]) == 2 and len(slowed["blocks_a_ms"][0]) == 16
+    monkeypatch.delenv("HARNESS_INJECT_FAULT")
+    # identical arms: a CPU's noise is wide, so the threshold is too; the verdict must still not be a change
+    assert cli.main(["ab", "cache_len=64", "cache_len=64", *TINY, "--pairs", "2", "--threshold", "50%",
+                     "--out", "same"]) == 0
+    same = json.loads((workdir / "same" / "ab.json").read_text())
+    assert same["verdict"] == "same" and same["differs"] == {} and same["low"] <= 1.0 <= same["high"]
+    assert "**slower**" in capsys.readouterr().out
+    runs = store(workdir).search_runs([store(workdir).get_experiment_by_name("harness").experiment_id],
+                                      "tags.`harness.kind` = 'ab'")
+    assert sorted(r.data.tags["verdict"] for r in runs) == ["same", "slower"]
+    assert {a.path for a in store(workdir).list_artifacts(runs[0].info.run_id)} == {"ab.md", "ab.json"}
+
+
+def test_an_arm_that_cannot_run_here_is_one_line(workdir, capsys):
+    assert cli.main(["ab", "mode=eager", "mode=graphed", *TINY, "--pairs", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mode=graphed needs a CUDA GPU" in err[0]
+    assert cli.main(["ab", "bs=1", "bs=2", *TINY, "--pairs", "1"]) == 2
+    assert "--pairs=1: use at least 2" in capsys.readouterr().err
