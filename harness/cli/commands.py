@@ -233,13 +233,12 @@ def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None
 
 
 def _ab(uri: str, args) -> int:
-    from harness.analysis import ab, compare
+    from harness.analysis import ab, compare  # torch and the measurement: only for this command
     from harness.cli.precheck import compose_single_run
+    from harness.measure.job import JobError
 
     if args.pairs < 2:
         raise ConfigError(f"--pairs={args.pairs}: use at least 2 (one AB and one BA, so that order favours neither)")
-    from harness.measure.job import JobError
-
     cfg_a, cfg_b = (compose_single_run([*args.overrides, *arm.split()]) for arm in (args.arm_a, args.arm_b))
     try:
         return ab.run(uri, args.experiment, cfg_a, cfg_b, args.pairs, compare.parse_threshold(args.threshold), args.out)
