@@ -12,7 +12,7 @@ from harness.measure.ab import balanced_order
 from harness.measure.stats import paired_ratio_interval
 from tests.support import store
 
-TINY = ["model=tiny", "device=cpu", "decode_tokens=16", "warmup=2", "context_len=8"]
+TINY = ["model=tiny", "device=cpu", "warmup=2", "context_len=8"]
 
 
 def test_the_verdict_reads_the_whole_interval_against_the_threshold():
@@ -43,16 +43,20 @@ def test_the_ratio_interval_keeps_the_pairs():
 
 
 def test_a_slowed_arm_is_slower_and_identical_arms_are_the_same(workdir, monkeypatch, capsys):
-    monkeypatch.setenv("HARNESS_INJECT_FAULT", "slow:cache=128")  # 20 ms more a step, inside arm B's timed step
-    assert cli.main(["ab", "cache_len=64", "cache_len=128", *TINY, "--pairs", "2", "--out", "slowed"]) == 1
+    # 100 ms more a step inside arm B's timed step: many times a tiny step, even on a loaded 2-core machine
+    monkeypatch.setenv("HARNESS_INJECT_FAULT", "slow:cache=128")
+    monkeypatch.setattr("harness.measure.job.SLOW_MS", 100.0)
+    assert cli.main(["ab", "cache_len=64", "cache_len=128", *TINY, "decode_tokens=16", "--pairs", "2",
+                     "--out", "slowed"]) == 1
     slowed = json.loads((workdir / "slowed" / "ab.json").read_text())
-    assert slowed["verdict"] == "slower" and slowed["low"] > 2 and slowed["differs"] == {"cache_len": [64, 128]}
+    assert slowed["verdict"] == "slower" and slowed["low"] > 1.5 and slowed["differs"] == {"cache_len": [64, 128]}
     assert len(slowed["blocks_a_ms"]) == len(slowed["blocks_b_ms"]) == 2 and len(slowed["blocks_a_ms"][0]) == 16
     monkeypatch.delenv("HARNESS_INJECT_FAULT")
     # identical arms: a CPU's noise is wide, so the threshold is too; the verdict must still not be a change
-    assert cli.main(["ab", "cache_len=64", "cache_len=64", *TINY, "--pairs", "2", "--threshold", "50%",
-                     "--out", "same"]) == 0
+    assert cli.main(["ab", "cache_len=64", "cache_len=64", *TINY, "decode_tokens=32", "--pairs", "3",
+                     "--threshold", "50%", "--out", "same"]) == 0
     same = json.loads((workdir / "same" / "ab.json").read_text())
+    assert len(same["blocks_a_ms"]) == 3 and len(same["blocks_a_ms"][0]) == 32
     assert same["verdict"] == "same" and same["differs"] == {} and same["low"] <= 1.0 <= same["high"]
     assert "**slower**" in capsys.readouterr().out
     runs = store(workdir).search_runs([store(workdir).get_experiment_by_name("harness").experiment_id],
@@ -62,8 +66,8 @@ def test_a_slowed_arm_is_slower_and_identical_arms_are_the_same(workdir, monkeyp
 
 
 def test_an_arm_that_cannot_run_here_is_one_line(workdir, capsys):
-    assert cli.main(["ab", "mode=eager", "mode=graphed", *TINY, "--pairs", "2"]) == 2
+    assert cli.main(["ab", "mode=eager", "mode=graphed", *TINY, "decode_tokens=16", "--pairs", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mode=graphed needs a CUDA GPU" in err[0]
-    assert cli.main(["ab", "bs=1", "bs=2", *TINY, "--pairs", "1"]) == 2
+    assert cli.main(["ab", "bs=1", "bs=2", *TINY, "decode_tokens=16", "--pairs", "1"]) == 2
     assert "--pairs=1: use at least 2" in capsys.readouterr().err
