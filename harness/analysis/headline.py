@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from harness.analysis.report import variant_columns
 from harness.analysis.rows import Row, row_of
 from harness.analysis.summary import speedups
-from harness.modes import MODES
 from harness.record import JobRecord
 
 # what every run of the table must share, or the line names each value it took
@@ -38,9 +38,7 @@ def headline_markdown(records: list[JobRecord], conditions_first: bool = True) -
     if not done:
         return "(no finished runs)"
     rows = [row_of(r) for r in done]
-    known = list(MODES)
-    variants = sorted({r["variant"] for r in rows},
-                      key=lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v))
+    variants = variant_columns(rows)
     # the row's key: model, context, bs, and cache_len or dtype where the runs differ in them (never a merge)
     extra = [k for k in ("cache_len", "dtype") if len({r[k] for r in rows}) > 1]
     cells, shared = _cells(rows, lambda r: (r["model"], r["context_len"], *(r[k] for k in extra), r["bs"]))

@@ -42,9 +42,7 @@ def table_markdown(rows: list[Row]) -> str:
     if not rows:
         return "(no job runs in this sweep)"
     speedup, interval = speedups(rows), speedup_intervals(rows)
-    known = list(MODES)
-    order = lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v)  # noqa: E731
-    modes = sorted({r["variant"] for r in rows}, key=order)
+    modes = variant_columns(rows)
     cells: dict[tuple, dict[str, str]] = defaultdict(dict)
     shared: dict[tuple, list[str]] = defaultdict(list)  # (row, column) -> the names of the runs in that cell
     for r in rows:
@@ -60,6 +58,13 @@ def table_markdown(rows: list[Row]) -> str:
     lines += [f"\nRuns sharing a cell (their configs differ in keys the table does not show): {'; '.join(names)}"
               for names in shared.values() if len(names) > 1]
     return "\n".join(lines)
+
+
+def variant_columns(rows: list[Row]) -> list[str]:
+    """The rows' variants as table columns: in the mode registry's order (eager first), then by name."""
+    known = list(MODES)
+    return sorted({r["variant"] for r in rows},
+                  key=lambda v: (known.index(v.split()[0]) if v.split()[0] in known else len(known), v))
 
 
 def _cell(row: Row, speedup: str) -> str:
