@@ -45,6 +45,7 @@ def get_model(cfg: ModelConfig, dtype: str, attn: str, device: torch.device, see
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     loaded = LoadedModel(model.eval(), weights, source, (time.perf_counter() - start) * 1e3)
+    model.harness_weights_key = key[:2] + key[3:]  # what its weights are (not its attention): references.shape_of
     _cache[key] = loaded
     return loaded
 

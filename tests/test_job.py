@@ -11,6 +11,7 @@ from harness import models
 from harness.config.schema import ConfigError
 from harness.measure.job import JobError, measure, seeded_prompt
 from harness.measure.timing import run_steps, timed_decode
+from harness.measure import references
 from harness.measure.verify import (INEXACT_BOUND, RECHECKS, TIE_TOLERANCE, VERIFY_TOKENS, Trace, _decoded_tokens as judge_tokens,
                             _exact as judge_logits, _free_run, computed_in_fp32, verify)
 from harness.modes.base import prefill
@@ -209,16 +210,19 @@ def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, pa
     ("stale_token", "logits differ from eager's (same kernels, 2 rows) by up to "),
 ])
 def test_every_injected_mutation_fails_the_run_naming_what_differed(monkeypatch, kind, says):
-    monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
     # untied embeddings: with tied random weights greedy decode repeats its input token, and a stale
     # token would be the right one
-    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false"))
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false")
+    clean = measure(cfg)  # its eager references are kept for the next job of the shape, as in a sweep
+    assert clean.failure is None and references.hits["computed"] > 0
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
+    result = measure(cfg)
     assert result.failure is not None and result.failure.startswith(says), result.failure
     assert result.mode_tags["mutation"] == kind and result.metrics["verified"] == 0.0
 
 
 def test_an_unmutated_run_verifies_every_block():
-    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "repeats=3"))
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "repeats=3", "stop=repeats"))
     m = result.metrics
     assert result.failure is None and m["verified"] == 1.0 and m["tokens_match"] == 1.0
     assert len(result.step_ms) == 3 * 8 and m["repeats"] == 3.0
@@ -275,13 +279,14 @@ def test_a_tie_is_judged_against_the_variation_eager_shows_on_the_same_history()
     """Where eager's own logits vary from pass to pass (kernels that are not deterministic), a token within
     twice that variation of eager's best is a tie; where they do not, the fixed tolerance stands."""
     with torch.inference_mode():
-        _, model, _, stepper, decoded = _a_wrong_token()
+        _, model, prompt, stepper, decoded = _a_wrong_token()
         steady = {}
-        assert judge_tokens(model, stepper, decoded, steady).startswith("the decoded token at step 5")
+        assert judge_tokens(model, prompt, stepper, decoded, steady).startswith("the decoded token at step 5")
         noise = model.lm_head.register_forward_hook(lambda mod, args, out: out + 50 * torch.rand_like(out))
+        references.forget()  # the hook changes eager's logits where the kept references' keys cannot see it
         varying = {}
         try:
-            why = judge_tokens(model, stepper, decoded, varying)
+            why = judge_tokens(model, prompt, stepper, decoded, varying)
         finally:
             noise.remove()
     assert steady["tie_tolerance"] == TIE_TOLERANCE and steady["tokens_match"] == 0.0
@@ -306,11 +311,12 @@ def test_a_run_fails_for_differing_from_eager_only_after_eager_is_measured_again
         clean = _free_run(stepper, VERIFY_TOKENS)
         run = Trace(clean.logits + 0.01, clean.tokens)  # off by 0.01 everywhere
         steady = {}
-        assert "where eager differs from itself by 0" in judge_logits(model, stepper, run, steady)
+        assert "where eager differs from itself by 0" in judge_logits(model, prompt, stepper, run, steady)
         hook = model.lm_head.register_forward_hook(later_passes_vary)
+        references.forget()  # the hook changes eager's logits where the kept references' keys cannot see it
         varying = {}
         try:
-            why = judge_logits(model, stepper, run, varying)
+            why = judge_logits(model, prompt, stepper, run, varying)
         finally:
             hook.remove()
     assert len(calls) == (2 + RECHECKS) * VERIFY_TOKENS  # the rechecks ran

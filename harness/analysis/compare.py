@@ -59,8 +59,8 @@ def match_key(record: JobRecord, ignore: list[str]) -> str:
 
 
 def blocks(record: JobRecord) -> list[list[float]]:
-    """The step series cut back into its timed blocks (`repeats` of equal length)."""
-    n = max(1, int(record.config.get("repeats") or 1))
+    """The step series cut back into its timed blocks (of equal length: as many as the run timed, `repeats` at most)."""
+    n = max(1, int(record.metrics.get("repeats") or record.config.get("repeats") or 1))
     size = len(record.step_ms) // n
     return [record.step_ms[i * size:(i + 1) * size] for i in range(n)] if size else [record.step_ms]
 

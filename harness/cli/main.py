@@ -15,7 +15,7 @@ from harness.cli import COMMANDS
 from harness.cli.sweep_file import take_status
 from harness.config.schema import CONF_DIR, ConfigError  # light: no torch before the checks
 from harness.config.validate import check_overrides
-from harness.kernels.triton_runtime import interpret_without_gpu
+from harness.kernels.triton_runtime import interpret_without_gpu, persistent_compile_caches
 
 USAGE = """usage: harness [KEY=VALUE ...]                 one run (python -m harness works the same)
        harness -m KEY=A,B ... [+experiment=NAME]  a sweep: every combination, one MLflow child run each
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line, to its exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     interpret_without_gpu()  # before anything imports triton: Triton kernels on a CPU run in its interpreter
+    persistent_compile_caches()  # compiles of one sweep serve the next (jobs in other processes inherit it)
     if argv[:1] in (["--help"], ["-h"]):
         print(usage())
         return 0

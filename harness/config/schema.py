@@ -37,6 +37,7 @@ class DType(Enum):
     fp32 = "fp32"
 
 
+STOP_RULES = ("adaptive", "repeats")  # when a job's timing stops (RunConfig.stop)
 CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of every backend's block)
 
 
@@ -107,7 +108,13 @@ class RunConfig:
     cache_len: Optional[int] = None
     mode: str = "eager"  # a name in harness.modes.MODES
     decode_tokens: int = 128
-    repeats: int = 3  # timed blocks of decode_tokens, each after a fresh prefill and warm-up
+    repeats: int = 3  # timed blocks of decode_tokens (at most, under stop=adaptive), each after a rewind and warm-up
+    # When timing stops. "adaptive": once the median's 95% interval is within ±target_ci_pct after MIN_BLOCKS blocks,
+    # or before a block that would take the job's timed decode past time_budget_s (host-bound eager stops there), or
+    # at `repeats` blocks. "repeats": after exactly `repeats` blocks. The run logs which rule stopped it (`stopped_by`).
+    stop: str = "adaptive"
+    target_ci_pct: float = 0.5
+    time_budget_s: float = 5.0
     warmup: int = 10
     dtype: DType = DType.bf16
     attn: str = "sdpa"  # a name in the attention-backend registry, harness.kernels.ATTENTION
@@ -131,6 +138,9 @@ class RunConfig:
         _require(self.decode_tokens >= 2,
                  f"decode_tokens={self.decode_tokens} is invalid: it must be >= 2 (statistics need two steps)")
         _require(self.repeats >= 1, f"repeats={self.repeats} is invalid: it must be >= 1 (timed blocks per job)")
+        _require(self.stop in STOP_RULES, f"stop={self.stop} is invalid: use one of {', '.join(STOP_RULES)}")
+        _require(self.target_ci_pct > 0, f"target_ci_pct={self.target_ci_pct} is invalid: it must be > 0 (a percentage)")
+        _require(self.time_budget_s > 0, f"time_budget_s={self.time_budget_s} is invalid: it must be > 0 (seconds)")
         _require(self.profile_steps >= 1, f"profile_steps={self.profile_steps} is invalid: it must be >= 1")
         _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
         self._check_graph_options()

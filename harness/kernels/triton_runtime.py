@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 NVIDIA_DEVICE_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
 
@@ -36,3 +37,20 @@ def interpreter_ready() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(standard.cdiv, InterpretedFunction)
+
+
+def compile_cache_dir() -> Path:
+    """The one folder that keeps compiled kernels between jobs and sweeps: $HARNESS_CACHE_DIR/compile, by default
+    ~/.cache/harness/compile (beside the error logs)."""
+    return Path(os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "harness") / "compile"
+
+
+def persistent_compile_caches() -> Path:
+    """Inductor's caches (FX graphs, autotuning results, its Triton kernels) and Triton's own, under
+    compile_cache_dir(), for this process and the jobs it starts: a second sweep's compiles read what the first
+    wrote (a folder the user set through TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR is kept). Call it before a
+    compile: both read their folder when they first write."""
+    root = compile_cache_dir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    return root

@@ -24,7 +24,7 @@ from harness.modes.base import DecodeMode
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations
-from harness.measure.stats import NOISY_PCT, clock_failure, decode_metrics, is_noisy
+from harness.measure.stats import NOISY_PCT, clock_failure, decode_metrics, is_noisy, stop_reason
 from harness.measure.timing import run_steps, timed_decode
 from harness.measure.verify import verify
 
@@ -112,19 +112,26 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
 
 
 def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[list, GpuState]:
-    """`repeats` timed blocks, each from the prefilled context and after a warm-up (the first's were done before), with
-    the GPU's state read at their start and end and its energy counter around each (between blocks)."""
-    blocks, gpu = [], GpuState(device)
+    """Timed blocks, each from the prefilled context and after a warm-up (the first's were done before), until
+    `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read at their start
+    and end and its energy counter around each (between blocks). The rule that stopped is the tag `stopped_by`."""
+    blocks, gpu, spent_s = [], GpuState(device), 0.0
     gpu.read("start")
-    for i in range(cfg.repeats):
-        if i:
+    while True:
+        started = time.perf_counter()
+        if blocks:
             stepper.rewind()  # the same context; decode rewrites only the slots after it
             run_steps(stepper, cfg.warmup)
-        on_phase(f"decode (block {i + 1}/{cfg.repeats})" if cfg.repeats > 1 else "decode")
+        on_phase(f"decode (block {len(blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
         energy = gpu.energy()
         with nvtx_range("decode", device.type == "cuda"):
-            blocks.append(timed_decode(stepper, cfg.decode_tokens, device))
+            blocks.append(timed_decode(stepper, cfg.decode_tokens, device))  # ends in a sync: the host clock holds
         gpu.add_block(energy)
+        block_s = time.perf_counter() - started
+        spent_s += block_s
+        if (why := stop_reason(cfg, [b.step_ms for b in blocks], spent_s, block_s)) is not None:
+            stepper.tags["stopped_by"] = why
+            break
     gpu.read("end")
     return blocks, gpu
 

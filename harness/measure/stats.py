@@ -73,6 +73,32 @@ def median_interval(blocks: list[list[float]], seed: int = 0) -> tuple[float, fl
     return float(low), float(high)
 
 
+MIN_BLOCKS = 2  # the interval rule waits for two blocks: one block's interval cannot see drift between blocks
+
+
+def ci_pct(blocks: list[list[float]]) -> float:
+    """The half-width of the median's 95% interval (two-level bootstrap), in % of the median: its wider side."""
+    median = float(np.median(np.concatenate([np.asarray(b, dtype=np.float64) for b in blocks])))
+    low, high = median_interval(blocks)
+    return 100.0 * max(median - low, high - median) / median
+
+
+def stop_reason(cfg, blocks: list[list[float]], spent_s: float, next_block_s: float) -> str | None:
+    """Why timing stops after these blocks (the run's `stopped_by` tag), or None to time another. `spent_s`: the
+    job's timed decode so far, each block with its rewind and warm-up; `next_block_s`: what one more would add."""
+    n = len(blocks)
+    if n >= cfg.repeats:
+        return f"repeats: {n} block{'s' * (n > 1)} (repeats={cfg.repeats})"
+    if cfg.stop == "repeats":
+        return None
+    if n >= MIN_BLOCKS and (pct := ci_pct(blocks)) <= cfg.target_ci_pct:
+        return f"interval: ±{pct:.2f}% after {n} blocks, within target_ci_pct={cfg.target_ci_pct:g}"
+    if spent_s + next_block_s > cfg.time_budget_s:
+        return (f"time budget: a block more would take the timed decode from {spent_s:.1f} s to about "
+                f"{spent_s + next_block_s:.1f} s, past time_budget_s={cfg.time_budget_s:g}")
+    return None
+
+
 def decode_metrics(blocks: list[DecodeTiming], bs: int) -> dict[str, float]:
     """Everything derived from the timed blocks, as flat metric names."""
     steps = [ms for b in blocks for ms in b.step_ms]

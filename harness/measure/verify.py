@@ -3,7 +3,8 @@
 The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context, greedily; its logits and
 tokens are kept. Every reference is then fed the same tokens (teacher-forced), so that one near-tie cannot
 send two decodes apart, and runs one after another in the stepper's own cache (rewound to the context), so
-that a check at a long context needs no second cache and no second prefill.
+that a check at a long context needs no second cache and no second prefill. A reference an earlier job of the same
+shape computed for the very same tokens is taken as it is (references.py): in a sweep, graphed's check reuses eager's.
 - Exact modes (eager, graphed, bucketed) run eager's own kernels with the run's attention backend. Every
   logit of every row must equal plain eager's at the same rows (a bucket's padding included), as far as
   eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
@@ -29,6 +30,7 @@ import torch
 from harness.kernels import attention_spec
 from harness.modes.base import kv_heads_and_dim
 from harness.modes.eager import EagerStepper
+from harness.measure import references
 from harness.measure.timing import advance, calls_for
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
@@ -57,7 +59,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> t
     run = _free_run(stepper, calls_for(stepper, VERIFY_TOKENS))
     if exact:
         applied.append("eager")
-        failure = failure or _exact(model, stepper, run, metrics) or _decoded_tokens(model, stepper, decoded, metrics)
+        failure = (failure or _exact(model, prompt, stepper, run, metrics)
+                   or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
             metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
     # (a K-step graph feeds itself, so it cannot be fed fp32's history token by token: its exact check stands)
@@ -106,17 +109,29 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-def _exact(model, stepper, run: Trace, metrics) -> str | None:
+def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     """Two plain eager decodes of the same rows, fed the run's tokens: the run may differ from eager no more
     than eager differs from itself, which is not at all where its kernels are deterministic. Before failing a
     run, eager's own variation is measured again over RECHECKS more decodes: where eager varies only now and
     then (seen on the H200), two passes may agree by chance."""
     k = stepper.tokens_per_step
-    first = _forced(_eager_in(model, stepper), run.tokens, k)
-    second = _forced(_eager_in(model, stepper), run.tokens, k)
+    shape, inputs = references.shape_of(model, stepper, k), [prompt, stepper.first_ids, run.tokens]
+
+    def eager(index: int) -> Trace:  # the index-th eager decode fed the run's tokens (an earlier job's, if it had them)
+        return references.reference("forced", shape, inputs, index,
+                                    lambda: _forced(_eager_in(model, stepper), run.tokens, k))
+
+    kept = references.hits["hits"]
+    first, second = eager(0), eager(1)
     diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
-    for _ in range(RECHECKS if diff > 2 * own else 0):
-        own = max(own, _max_diff(_forced(_eager_in(model, stepper), run.tokens, k).logits, first.logits))
+    if diff > 2 * own and references.hits["hits"] > kept:
+        # eager's own variation is measured between decodes in one cache: another job's passes against this job's
+        # rechecks would count a difference of prefills as eager's variation. Decide as if none were kept.
+        references.drop("forced")
+        first, second = eager(0), eager(1)
+        diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
+    for index in range(2, 2 + (RECHECKS if diff > 2 * own else 0)):
+        own = max(own, _max_diff(eager(index).logits, first.logits))
     metrics.update(max_logit_diff=diff, eager_self_max_logit_diff=own)
     if diff > 2 * own:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
@@ -124,14 +139,23 @@ def _exact(model, stepper, run: Trace, metrics) -> str | None:
     return None
 
 
-def _decoded_tokens(model, stepper, decoded, metrics) -> str | None:
+def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
     or rank it within the tie tolerance of its best: TIE_TOLERANCE, or, where a second eager pass over the
     same history shows eager varying more than half that (bs=8 and 32 on the H200), twice eager's own variation."""
-    gap, chosen, best = _token_gaps(model, stepper, decoded)
+    shape, inputs = references.shape_of(model, stepper), [prompt, stepper.first_ids, decoded]
+
+    def gaps(index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return references.reference("gaps", shape, inputs, index, lambda: _token_gaps(model, stepper, decoded))
+
+    kept = references.hits["hits"]
+    gap, chosen, best = gaps(0)
     tolerance, own = TIE_TOLERANCE, 0.0
     if bool((gap > tolerance).any()):
-        _, chosen_again, best_again = _token_gaps(model, stepper, decoded)
+        if references.hits["hits"] > kept:  # as in _exact: both passes in this job's cache, or the variation is not eager's
+            references.drop("gaps")
+            gap, chosen, best = gaps(0)
+        _, chosen_again, best_again = gaps(1)
         own = max(_max_diff(chosen, chosen_again), _max_diff(best, best_again))
         tolerance = max(tolerance, 2 * own)
     bad = gap > tolerance
@@ -176,14 +200,22 @@ def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
 
 def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | None:
     """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens."""
+    shape = references.shape_of(model, stepper)  # the run's attention: it prefilled the cache plain eager decodes in
     with attention(model, "sdpa"):
-        plain = _forced(_eager_in(model, stepper), run.tokens).logits
+        plain = references.reference("plain", shape, [prompt, stepper.first_ids, run.tokens], 0,
+                                     lambda: _forced(_eager_in(model, stepper), run.tokens)).logits
     stepper.release()
     rows = _fp32_rows(model, stepper)
-    with computed_in_fp32(model):
-        reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32)
-        ref = _forced(reference, run.tokens[:, :rows]).logits.float()
-        reference.release()
+
+    def fp32_decode() -> torch.Tensor:
+        with computed_in_fp32(model):
+            reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32)
+            logits = _forced(reference, run.tokens[:, :rows]).logits.float()
+            reference.release()
+        return logits
+
+    shape = ("fp32", references.shape_of(model, stepper)[0], rows, cfg.cache_len)  # any attention: fp32 runs sdpa
+    ref = references.reference("fp32", shape, [prompt[:rows], run.tokens[:, :rows]], 0, fp32_decode)
     err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
     bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
     top2 = ref.topk(2, dim=-1).values

@@ -47,14 +47,27 @@ class CompiledStepper(Stepper):
     def compile(self, prompt: torch.Tensor) -> CompiledStepper:
         """Compile (or reuse this process's compiled step) and record its graphs; the caller prefills."""
         before = _graph_pool_bytes(prompt.device)
+        lookups = _fx_graph_cache_counts()
         start = time.perf_counter()
         for _ in range(COMPILE_WARMUP):
             self.step()
         torch.cuda.synchronize() if prompt.is_cuda else None
         self.metrics["compile_ms"] = (time.perf_counter() - start) * 1e3
+        self._record_cache_use(lookups)
         # the growth of the one pool that cudagraph trees share across the process's compiled graphs
         self.graph_bytes = _graph_pool_bytes(prompt.device) - before
         return self
+
+    def _record_cache_use(self, before: dict[str, int]) -> None:
+        """How the compile went: `compile_cache_hit` 1 where every graph Inductor lowered came from its FX graph
+        cache (on disk: an earlier job or sweep compiled it), 0 where one was compiled cold; with no lookup at
+        all, this process had compiled this very step already (Dynamo's code reused) and nothing is logged."""
+        hits, misses = (_fx_graph_cache_counts()[k] - before[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
+        self.metrics.update(compile_graphs_from_cache=float(hits), compile_graphs_compiled=float(misses))
+        if hits + misses:
+            self.metrics["compile_cache_hit"] = float(misses == 0)
+        self.tags["compile_cache"] = ("in process: compiled by an earlier job" if not hits + misses else
+                                      f"{hits} of {hits + misses} graphs from the FX graph cache, {misses} compiled")
 
     def step(self):
         if self.mark_steps:  # the last step's outputs may be overwritten: we took its argmax already
@@ -86,6 +99,13 @@ class CompiledNoGraphMode(CompiledMode):
 
     name = "compiled-nograph"
     needs_cuda = False
+
+
+def _fx_graph_cache_counts() -> dict[str, int]:
+    """Inductor's running counts of FX graph cache lookups in this process (hits, misses)."""
+    from torch._dynamo.utils import counters
+
+    return {k: int(counters["inductor"][k]) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
 
 
 def _graph_pool_bytes(device: torch.device) -> int:

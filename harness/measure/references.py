@@ -1,0 +1,84 @@
+"""Eager reference decodes, computed once per shape and kept for the next job of a sweep that needs them.
+
+A sweep's jobs of one shape (model, dtype, attention backend, rows, cache length, prompt) differ in mode only, and
+every exact mode is checked against the same eager decodes: teacher-forced on the run's tokens, so that where two
+runs decoded the same tokens (as eager's very kernels do), the reference of one is the reference of the other. The
+jobs of a sweep run in one process (Hydra's basic launcher), one after another, so the last shape's references are
+kept, on the host (a job gives its GPU memory back), and a job asking with anything different (another shape, other
+tokens, another first token) computes its own and replaces them. The keys are compared in full, never by hash.
+
+A reference from another job is no weaker than one computed in the run's own cache: it decodes the same prompt
+after another job's prefill, so a prefill of the run's own that went wrong shows, where a reference sharing the
+run's cache would share the fault.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+_MODEL_TOKEN = "_harness_reference_token"  # a model object's own id: id() is reused once an object is freed
+
+
+@dataclass
+class _Entry:
+    shape: tuple
+    inputs: list[torch.Tensor]  # the prompt, first token and fed tokens, on the host, compared element by element
+    passes: list = field(default_factory=list)  # the reference's decodes so far (a recheck adds one)
+
+
+_kept: dict[str, _Entry] = {}  # one entry per kind of reference: the last shape's
+hits = {"hits": 0, "computed": 0}  # counts since the process started (tests and the job's metrics read them)
+
+
+def shape_of(model: torch.nn.Module, stepper, k: int = 1) -> tuple:
+    """What, besides its inputs, decides a reference's logits: the model's weights (the key get_model built them
+    from; else the object itself), its attention backend and dtype, the rows and capacity of the cache, and the
+    tokens a call decodes (its logits are kept at every k-th step)."""
+    weights = getattr(model, "harness_weights_key", None)
+    if weights is None:
+        weights = getattr(model, _MODEL_TOKEN, None) or secrets.token_hex(8)
+        setattr(model, _MODEL_TOKEN, weights)
+    return weights, model.config._attn_implementation, str(model.dtype), stepper.rows, stepper.cache_len, k
+
+
+def reference(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, compute: Callable[[], object]):
+    """The `index`-th decode of this kind of reference for these inputs: kept if an earlier job computed it for
+    the very same shape and inputs, else `compute()`d now (its tensors kept on the host)."""
+    host = [t.detach().cpu() for t in inputs]
+    entry = _kept.get(kind)
+    if entry is None or entry.shape != shape or not _same(entry.inputs, host):
+        entry = _kept[kind] = _Entry(shape, host)
+    if index < len(entry.passes):
+        hits["hits"] += 1
+        return _to(entry.passes[index], inputs[0].device)
+    result = compute()
+    hits["computed"] += 1
+    if index == len(entry.passes):
+        entry.passes.append(_to(result, torch.device("cpu")))
+    return result
+
+
+def drop(kind: str) -> None:
+    """Drop the kept reference of one kind: the next ask computes it in the asking job's cache."""
+    _kept.pop(kind, None)
+
+
+def forget() -> None:
+    """Drop every kept reference (the process's models were released, or a test wants a cold start)."""
+    _kept.clear()
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _to(value, device: torch.device):
+    """A tensor, or a dataclass or tuple of tensors, moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    return type(value)(**{k: _to(v, device) for k, v in vars(value).items()})

@@ -1,0 +1,104 @@
+"""What a sweep does not do twice, and when a job's timing stops: each shortcut with the check it must not weaken."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from harness.measure import references
+from harness.measure.job import measure
+from harness.measure.stats import MIN_BLOCKS, stop_reason
+from tests.support import FAST, run_config
+
+STEADY = [[1.000, 1.001, 0.999, 1.000] * 8, [1.000, 1.000, 1.001, 0.999] * 8]  # a graphed run: ±0.1% at most
+NOISY = [[1.0, 1.4, 0.8, 1.9] * 8, [1.6, 0.9, 1.2, 1.0] * 8]  # a host-bound eager run
+
+
+def _rule(stop="adaptive", repeats=5, target_ci_pct=0.5, time_budget_s=10.0):
+    return SimpleNamespace(stop=stop, repeats=repeats, target_ci_pct=target_ci_pct, time_budget_s=time_budget_s)
+
+
+def test_the_interval_rule_stops_a_steady_run_after_two_blocks_and_never_after_one():
+    assert stop_reason(_rule(), STEADY[:1], spent_s=1.0, next_block_s=1.0) is None  # one block cannot see drift
+    why = stop_reason(_rule(), STEADY, spent_s=2.0, next_block_s=1.0)
+    assert MIN_BLOCKS == 2 and why.startswith("interval: ±") and why.endswith("after 2 blocks, within target_ci_pct=0.5")
+    assert stop_reason(_rule(), NOISY, spent_s=2.0, next_block_s=1.0) is None  # ±10% or more: time another
+
+
+def test_the_budget_stops_before_a_block_that_would_pass_it_not_after():
+    assert stop_reason(_rule(time_budget_s=3.0), NOISY[:1], spent_s=1.5, next_block_s=1.4) is None  # 2.9 s fits
+    why = stop_reason(_rule(time_budget_s=3.0), NOISY, spent_s=2.9, next_block_s=1.4)
+    assert why == ("time budget: a block more would take the timed decode from 2.9 s to about 4.3 s, "
+                   "past time_budget_s=3")
+
+
+def test_repeats_caps_the_adaptive_rule_and_alone_times_exactly_that_many_blocks():
+    assert stop_reason(_rule(repeats=2), NOISY, spent_s=0.1, next_block_s=0.1) == "repeats: 2 blocks (repeats=2)"
+    fixed = _rule(stop="repeats", repeats=3, time_budget_s=0.001)
+    assert stop_reason(fixed, STEADY, spent_s=100.0, next_block_s=100.0) is None  # neither interval nor budget
+    assert stop_reason(fixed, STEADY + STEADY[:1], 100.0, 100.0) == "repeats: 3 blocks (repeats=3)"
+
+
+@pytest.mark.parametrize("overrides, blocks, rule", [
+    (["stop=adaptive", "time_budget_s=0.001"], 1, "time budget: "),
+    (["stop=adaptive", "target_ci_pct=1000"], 2, "interval: "),
+    (["stop=repeats", "time_budget_s=0.001"], 3, "repeats: 3 blocks"),
+])
+def test_a_job_times_the_blocks_its_rule_asks_for_and_says_which_rule_stopped_it(overrides, blocks, rule):
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "repeats=3", *overrides))
+    assert result.failure is None and result.metrics["repeats"] == blocks and len(result.step_ms) == 8 * blocks
+    assert result.mode_tags["stopped_by"].startswith(rule)
+
+
+def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_its_own_decode():
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false")
+    first = measure(cfg)
+    computed = references.hits["computed"]
+    hits = references.hits["hits"]
+    again = measure(cfg)
+    assert first.failure is None and again.failure is None and again.metrics["verified"] == 1.0
+    assert references.hits["computed"] == computed and references.hits["hits"] - hits == 3  # 2 lockstep, 1 tokens
+    for key in ("max_logit_diff", "eager_self_max_logit_diff", "tokens_match", "decoded_tokens_checked"):
+        assert again.metrics[key] == first.metrics[key], key
+    other = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "seed=1", "model.tie_word_embeddings=false"))
+    assert other.failure is None and references.hits["computed"] > computed  # another prompt: its own references
+
+
+def test_a_kept_reference_is_used_only_for_the_very_same_inputs():
+    import torch
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return torch.full((2, 3), float(len(calls)))
+
+    shape = ("weights", "sdpa", "torch.float32", 2, 64, 1)
+    prompt, first_ids, tokens = torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.arange(6).view(3, 2)
+    a = references.reference("forced", shape, [prompt, first_ids, tokens], 0, compute)
+    assert torch.equal(references.reference("forced", shape, [prompt, first_ids, tokens.clone()], 0, compute), a)
+    changed = tokens.clone()
+    changed[2, 1] += 1  # one fed token differs: the reference decodes another history
+    assert float(references.reference("forced", shape, [prompt, first_ids, changed], 0, compute)[0, 0]) == 2.0
+    assert float(references.reference("forced", shape[:-1] + (2,), [prompt, first_ids, changed], 0, compute)[0, 0]) == 3.0
+    assert len(calls) == 3
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_first_wrote(workdir):
+    """Two sweeps, two processes: the second's compile reads Inductor's FX graph cache under HARNESS_CACHE_DIR."""
+    import json
+
+    from tests.support import run_harness
+
+    env = {"HARNESS_CACHE_DIR": str(workdir / "cache")}
+    for sweep in ("cold", "warm"):
+        (workdir / sweep).mkdir()
+        done = run_harness(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", cwd=workdir / sweep, env=env)
+        assert done.returncode == 0, done.stderr
+    (cold,), (warm,) = ([json.loads(p.read_text())["metrics"] for p in (workdir / s).glob("outputs/**/result.json")]
+                        for s in ("cold", "warm"))
+    assert cold["compile_cache_hit"] == 0.0 and cold["compile_graphs_compiled"] >= 1
+    assert warm["compile_cache_hit"] == 1.0 and warm["compile_graphs_from_cache"] >= 1
+    assert warm["verified"] == 1.0 and any((workdir / "cache" / "compile" / "inductor").rglob("*"))
