@@ -125,9 +125,10 @@ def test_triton_decode_verifies_between_inductor_kernels_that_launch_early():
 def test_a_backend_at_a_long_context_matches_eager_and_fp32(attn):
     m = measure(run_config("model=qwen3-0.6b", "bs=2", "context_len=3000", "mode=graphed", f"attn={attn}",
                            "repeats=1")).metrics
-    print(f"{attn}: vs eager {m['max_logit_diff']} (eager itself {m['eager_self_max_logit_diff']}), vs fp32 {m['fp32_max_logit_err']:.4f} "
+    print(f"{attn}: vs eager {m['max_logit_diff']} (eager itself {m.get('eager_self_max_logit_diff')}), vs fp32 {m['fp32_max_logit_err']:.4f} "
           f"(bound {m['fp32_err_bound']:.4f}), waste {m['waste_factor']:.2f}, efficiency {m['efficiency']:.3f}")
-    assert m["verified"] == 1.0 and m["max_logit_diff"] <= 2 * m["eager_self_max_logit_diff"]
+    # eager's own variation is measured only where the run differs from eager at all
+    assert m["verified"] == 1.0 and m["max_logit_diff"] <= 2 * m.get("eager_self_max_logit_diff", 0.0)
     if attn in ("flex", "triton-decode"):  # reads the valid prefix only, deterministically
         assert m["kv_slots_read"] < 3000 + 10 + 64 + 128 and m["max_logit_diff"] == 0.0
 

@@ -169,7 +169,8 @@ def test_verification_catches_a_mode_whose_logits_differ():
         same, ok = verify(model, prompt, plain, cfg, True, _decoded_tokens(plain, cfg))
         biased = BiasedStepper(model, prompt, 64)
         broken, why = verify(model, prompt, biased, cfg, True, _decoded_tokens(biased, cfg))
-    assert ok is None and same["max_logit_diff"] == 0.0 == same["eager_self_max_logit_diff"]
+    # equal bit for bit: it passes at any variation of eager's, and none is measured
+    assert ok is None and same["max_logit_diff"] == 0.0 and "eager_self_max_logit_diff" not in same
     assert same["tokens_match"] == 1.0 and same["decoded_tokens_checked"] == (2 + 8) * 2 and same["verified"] == 1.0
     assert why.startswith("logits differ from eager's (same kernels, 2 rows) by up to 1e+04 over 32 steps, "
                           "where eager differs from itself by 0")

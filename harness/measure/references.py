@@ -27,10 +27,17 @@ class _Entry:
     shape: tuple
     inputs: list[torch.Tensor]  # the prompt, first token and fed tokens, on the host, compared element by element
     passes: list = field(default_factory=list)  # the reference's decodes so far (a recheck adds one)
+    jobs: list[int] = field(default_factory=list)  # the job that computed each pass
 
 
 _kept: dict[str, _Entry] = {}  # one entry per kind of reference: the last shape's
 hits = {"hits": 0, "computed": 0}  # counts since the process started (tests and the job's metrics read them)
+_job = [0]  # the job now verifying, counted from the process's start
+
+
+def new_job() -> None:
+    """A job's verification starts: what was kept so far is an earlier job's."""
+    _job[0] += 1
 
 
 def shape_of(model: torch.nn.Module, stepper, k: int = 1) -> tuple:
@@ -45,20 +52,51 @@ def shape_of(model: torch.nn.Module, stepper, k: int = 1) -> tuple:
 
 
 def reference(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, compute: Callable[[], object]):
-    """The `index`-th decode of this kind of reference for these inputs: kept if an earlier job computed it for
-    the very same shape and inputs, else `compute()`d now (its tensors kept on the host)."""
-    host = [t.detach().cpu() for t in inputs]
-    entry = _kept.get(kind)
-    if entry is None or entry.shape != shape or not _same(entry.inputs, host):
-        entry = _kept[kind] = _Entry(shape, host)
+    """The `index`-th decode of this kind of reference for these inputs: kept if a job computed it for the very
+    same shape and inputs, else `compute()`d now (its tensors kept on the host)."""
+    entry = _entry(kind, shape, inputs)
     if index < len(entry.passes):
         hits["hits"] += 1
         return _to(entry.passes[index], inputs[0].device)
     result = compute()
+    _add(entry, index, result)
+    return result
+
+
+def kept(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int) -> bool:
+    """Whether the `index`-th decode for these inputs is kept (without counting a hit)."""
+    entry = _kept.get(kind)
+    return entry is not None and entry.shape == shape and index < len(entry.passes) and _same(entry.inputs, _host(inputs))
+
+
+def put(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, result) -> None:
+    """Keep a decode computed for these inputs by other means (one pass that served two references)."""
+    _add(_entry(kind, shape, inputs), index, result)
+
+
+def from_earlier_job(kind: str) -> bool:
+    """Whether a kept pass of this kind was computed by an earlier job (in its own cache, after its own prefill)."""
+    entry = _kept.get(kind)
+    return entry is not None and any(job != _job[0] for job in entry.jobs)
+
+
+def _entry(kind: str, shape: tuple, inputs: list[torch.Tensor]) -> _Entry:
+    host = _host(inputs)
+    entry = _kept.get(kind)
+    if entry is None or entry.shape != shape or not _same(entry.inputs, host):
+        entry = _kept[kind] = _Entry(shape, host)
+    return entry
+
+
+def _add(entry: _Entry, index: int, result) -> None:
     hits["computed"] += 1
     if index == len(entry.passes):
         entry.passes.append(_to(result, torch.device("cpu")))
-    return result
+        entry.jobs.append(_job[0])
+
+
+def _host(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().cpu() for t in inputs]
 
 
 def drop(kind: str) -> None:

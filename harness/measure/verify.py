@@ -57,8 +57,10 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> t
     stepper.rewind()
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
     run = _free_run(stepper, calls_for(stepper, VERIFY_TOKENS))
+    references.new_job()
     if exact:
         applied.append("eager")
+        _one_pass_serves_both(model, prompt, stepper, run, decoded)
         failure = (failure or _exact(model, prompt, stepper, run, metrics)
                    or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
@@ -110,10 +112,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
-    """Two plain eager decodes of the same rows, fed the run's tokens: the run may differ from eager no more
-    than eager differs from itself, which is not at all where its kernels are deterministic. Before failing a
-    run, eager's own variation is measured again over RECHECKS more decodes: where eager varies only now and
-    then (seen on the H200), two passes may agree by chance."""
+    """Plain eager decodes of the same rows, fed the run's tokens: the run may differ from the first no more than
+    eager differs from itself, which is not at all where its kernels are deterministic. Where the run differs at
+    all, a second eager decode measures that variation, and before failing a run, RECHECKS more: where eager varies
+    only now and then (seen on the H200), two passes may agree by chance."""
     k = stepper.tokens_per_step
     shape, inputs = references.shape_of(model, stepper, k), [prompt, stepper.first_ids, run.tokens]
 
@@ -121,22 +123,40 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
         return references.reference("forced", shape, inputs, index,
                                     lambda: _forced(_eager_in(model, stepper), run.tokens, k))
 
-    kept = references.hits["hits"]
-    first, second = eager(0), eager(1)
-    diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
-    if diff > 2 * own and references.hits["hits"] > kept:
-        # eager's own variation is measured between decodes in one cache: another job's passes against this job's
-        # rechecks would count a difference of prefills as eager's variation. Decide as if none were kept.
-        references.drop("forced")
-        first, second = eager(0), eager(1)
-        diff, own = _max_diff(run.logits, first.logits), _max_diff(second.logits, first.logits)
-    for index in range(2, 2 + (RECHECKS if diff > 2 * own else 0)):
-        own = max(own, _max_diff(eager(index).logits, first.logits))
-    metrics.update(max_logit_diff=diff, eager_self_max_logit_diff=own)
-    if diff > 2 * own:
+    first = eager(0)
+    diff, own = _max_diff(run.logits, first.logits), None
+    if diff > 0:  # where the run equals eager bit for bit it passes at any variation: none is measured
+        if references.from_earlier_job("forced"):
+            # eager's own variation is measured between decodes in one cache: an earlier job's pass against one of
+            # this job's would count a difference of prefills as eager's variation. Decide as if none were kept.
+            references.drop("forced")
+            first = eager(0)
+            diff = _max_diff(run.logits, first.logits)
+        own = _max_diff(eager(1).logits, first.logits)
+        for index in range(2, 2 + (RECHECKS if diff > 2 * own else 0)):
+            own = max(own, _max_diff(eager(index).logits, first.logits))
+        metrics["eager_self_max_logit_diff"] = own
+    metrics["max_logit_diff"] = diff
+    if own is not None and diff > 2 * own:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
                 f"{VERIFY_TOKENS} steps, where eager differs from itself by {own:.4g}")
     return None
+
+
+def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Tensor) -> None:
+    """Where the timed loop decoded what the free run did (every deterministic mode, a step a call), eager fed the
+    loop's tokens is, over its first steps, eager fed the free run's: one decode gives the token check its gaps
+    and the lockstep its first reference, where two would compute the same steps twice."""
+    steps = run.tokens.shape[0]
+    if stepper.tokens_per_step != 1 or decoded.shape[0] < steps or not torch.equal(decoded[:steps], run.tokens):
+        return
+    shape = references.shape_of(model, stepper)
+    forced_inputs, gaps_inputs = [prompt, stepper.first_ids, run.tokens], [prompt, stepper.first_ids, decoded]
+    if references.kept("forced", shape, forced_inputs, 0) or references.kept("gaps", shape, gaps_inputs, 0):
+        return
+    *gaps, logits = _token_gaps(model, stepper, decoded, keep_logits=steps)
+    references.put("forced", shape, forced_inputs, 0, Trace(logits, run.tokens))
+    references.put("gaps", shape, gaps_inputs, 0, tuple(gaps))
 
 
 def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
@@ -148,11 +168,10 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     def gaps(index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return references.reference("gaps", shape, inputs, index, lambda: _token_gaps(model, stepper, decoded))
 
-    kept = references.hits["hits"]
     gap, chosen, best = gaps(0)
     tolerance, own = TIE_TOLERANCE, 0.0
     if bool((gap > tolerance).any()):
-        if references.hits["hits"] > kept:  # as in _exact: both passes in this job's cache, or the variation is not eager's
+        if references.from_earlier_job("gaps"):  # as in _exact: both passes in one cache, or it is not eager's variation
             references.drop("gaps")
             gap, chosen, best = gaps(0)
         _, chosen_again, best_again = gaps(1)
@@ -170,17 +189,22 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     return None
 
 
-def _token_gaps(model, stepper, decoded) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _token_gaps(model, stepper, decoded, keep_logits: int = 0) -> tuple[torch.Tensor, ...]:
     """Eager fed the loop's tokens: how far below its best logit each token ranks, the token's logit and the
-    best, each [steps, bs]. Step by step: [steps, bs, vocab] logits in fp32 would not fit at large bs."""
-    reference, chosen, best = _eager_in(model, stepper), [], []
-    for tokens in decoded:
-        logits = reference.step().float()
+    best, each [steps, bs]; and, with keep_logits, the logits of that many first steps [steps, bs, vocab]. Step by
+    step: [steps, bs, vocab] logits in fp32 would not fit at large bs."""
+    reference, chosen, best, kept = _eager_in(model, stepper), [], [], []
+    for i, tokens in enumerate(decoded):
+        out = reference.step()
+        if i < keep_logits:
+            kept.append(out.clone())
+        logits = out.float()
         best.append(logits.max(dim=-1).values)
         chosen.append(logits.gather(-1, tokens[:, None])[:, 0])
         reference.input_ids.copy_(tokens[:, None])
     chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
-    return best_logits - chosen_logits, chosen_logits, best_logits
+    gaps = (best_logits - chosen_logits, chosen_logits, best_logits)
+    return (*gaps, torch.stack(kept)) if keep_logits else gaps
 
 
 def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
