@@ -58,12 +58,14 @@ def test_a_slowed_arm_is_slower_and_identical_arms_are_the_same(workdir, monkeyp
     same = json.loads((workdir / "same" / "ab.json").read_text())
     assert len(same["blocks_a_ms"]) == 3 and len(same["blocks_a_ms"][0]) == 32
     # (not `low <= 1 <= high`: one full-suite run on this CPU found B 5% faster, interval up to 0.952, a first-block
-    # effect that balanced order halves; within the threshold, it is `same`, which is what is claimed)
-    assert same["verdict"] == "same" and same["differs"] == {} and 0.75 < same["ratio"] < 1.33
+    # effect that balanced order halves. Nor `same` alone: with 3 pairs, a bootstrap that draws one pair hit by a
+    # loaded machine's hiccup three times spans past ±50% (seen once in the fast loop): `ambiguous` is then the
+    # truthful verdict. What identical arms must never get is a change.)
+    assert same["verdict"] in ("same", "ambiguous") and same["differs"] == {} and 0.75 < same["ratio"] < 1.33
     assert "**slower**" in capsys.readouterr().out
     runs = store(workdir).search_runs([store(workdir).get_experiment_by_name("harness").experiment_id],
                                       "tags.`harness.kind` = 'ab'")
-    assert sorted(r.data.tags["verdict"] for r in runs) == ["same", "slower"]
+    assert sorted(r.data.tags["verdict"] for r in runs) == sorted([same["verdict"], "slower"])
     assert {a.path for a in store(workdir).list_artifacts(runs[0].info.run_id)} == {"ab.md", "ab.json"}
 
 
