@@ -5,7 +5,6 @@ import copy as copy_module
 
 import pytest
 import torch
-from transformers import StaticCache
 
 from harness import models
 from harness.config.schema import ConfigError
@@ -14,7 +13,7 @@ from harness.measure.timing import run_steps, timed_decode
 from harness.measure import references
 from harness.measure.verify import (INEXACT_BOUND, RECHECKS, TIE_TOLERANCE, VERIFY_TOKENS, Trace, _decoded_tokens as judge_tokens,
                             _exact as judge_logits, _free_run, computed_in_fp32, verify)
-from harness.modes.base import prefill
+from harness.modes.base import prefill, static_cache
 from harness.modes.eager import EagerStepper
 from harness.measure.stats import step_stats
 from tests.support import FAST, run_config
@@ -139,7 +138,7 @@ def test_a_checkpoint_without_safetensors_is_refused(tmp_path):
 def test_prefill_returns_one_token_per_row():
     cfg = run_config(*FAST, "device=cpu", "bs=3")
     model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
-    cache = StaticCache(config=model.config, max_cache_len=32)
+    cache = static_cache(model, 3, 32, torch.device("cpu"))
     prompt = seeded_prompt(3, 8, model.config.vocab_size, 0, torch.device("cpu"))
     with torch.inference_mode():
         first = prefill(model, cache, prompt)

@@ -104,3 +104,39 @@ def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_fir
     assert cold["compile_cache_hit"] == 0.0 and cold["compile_graphs_compiled"] >= 1
     assert warm["compile_cache_hit"] == 1.0 and warm["compile_graphs_from_cache"] >= 1
     assert warm["verified"] == 1.0 and any((workdir / "cache" / "compile" / "inductor").rglob("*"))
+
+
+@pytest.mark.parametrize("staging_bytes, mask_elements", [(4 << 30, 1 << 28), (1, 1 << 12)])
+def test_a_prefill_of_the_valid_prefix_decodes_what_transformers_prefill_into_the_whole_cache_does(
+        monkeypatch, staging_bytes, mask_elements):
+    """The fill that reads only the context (staged in a DynamicCache, rows in groups, the context in chunks: the
+    second case forces one row a group and chunks of 128 tokens) against transformers' prefill into the static
+    cache, each then decoding teacher-forced on the same tokens: the same first token, K/V, write position and
+    greedy tokens, and logits equal within fp32 rounding."""
+    import torch
+
+    from harness import models
+    from harness.measure.job import seeded_prompt
+    from harness.modes import base
+    from harness.modes.eager import EagerStepper
+
+    monkeypatch.setattr(base, "PREFILL_STAGING_BYTES", staging_bytes)
+    monkeypatch.setattr(base, "PREFILL_MASK_ELEMENTS", mask_elements)
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "model.tie_word_embeddings=false")
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(3, 300, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        valid = EagerStepper(model, prompt, 512)
+        whole = EagerStepper(model, prompt, 512, prefill=False)
+        whole.first_ids = base.prefill_over_every_slot(model, whole.cache, prompt)
+        whole.context_len = 300
+        whole.rewind()
+        assert torch.equal(valid.first_ids, whole.first_ids)
+        for a, b in zip(valid.cache.layers, whole.cache.layers):
+            assert int(a.cumulative_length) == int(b.cumulative_length) == 300
+            assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+        for _ in range(16):  # teacher-forced: both fed the valid-prefix run's greedy token
+            x, y = valid.step(), whole.step()
+            assert torch.equal(x.argmax(-1), y.argmax(-1)) and float((x - y).abs().max()) < 1e-4
+            for stepper in (valid, whole):
+                stepper.input_ids.copy_(x.argmax(-1, keepdim=True))

@@ -16,9 +16,9 @@ shape computed for the very same tokens is taken as it is (references.py): in a 
   judged against an fp32 eager decode (sdpa attention) of the same model, prompt and tokens: their largest
   logit error against fp32 may be at most INEXACT_BOUND times that of this dtype's plain eager decode (sdpa)
   against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
-  measured error. The fp32 decode needs its own cache (twice the bytes) and prefill (slow): it checks as many
-  rows as half the free memory holds, up to FP32_TOKENS of context (`fp32_rows_checked`), after the run's
-  cache is freed.
+  measured error. The fp32 decode starts from the run's own context K/V, upcast (no fp32 prefill), in a cache
+  of its own (twice the bytes): it checks as many rows as half the free memory holds, up to FP32_TOKENS of
+  context (`fp32_rows_checked`), after the run's cache is freed.
 """
 from __future__ import annotations
 
@@ -223,23 +223,34 @@ def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
 
 
 def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | None:
-    """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens."""
+    """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens, all from
+    the run's prefilled context: the fp32 decode takes the run's context K/V, upcast (as the public studies of
+    decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a long context is
+    paid. A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
+    ctx = stepper.context_len
+    sums = torch.stack([t[:, :, :ctx].float().sum() for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
     shape = references.shape_of(model, stepper)  # the run's attention: it prefilled the cache plain eager decodes in
     with attention(model, "sdpa"):
-        plain = references.reference("plain", shape, [prompt, stepper.first_ids, run.tokens], 0,
+        plain = references.reference("plain", shape, [prompt, stepper.first_ids, sums, run.tokens], 0,
                                      lambda: _forced(_eager_in(model, stepper), run.tokens)).logits
+    most = _fp32_rows_at_most(stepper)
+    prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
+    first_ids = stepper.first_ids[:most]
     stepper.release()
     rows = _fp32_rows(model, stepper)
 
     def fp32_decode() -> torch.Tensor:
         with computed_in_fp32(model):
-            reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32)
+            reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32, prefill=False)
+            reference.adopt([(k[:rows], v[:rows]) for k, v in prefix], first_ids[:rows])
             logits = _forced(reference, run.tokens[:, :rows]).logits.float()
             reference.release()
         return logits
 
     shape = ("fp32", references.shape_of(model, stepper)[0], rows, cfg.cache_len)  # any attention: fp32 runs sdpa
-    ref = references.reference("fp32", shape, [prompt[:rows], run.tokens[:, :rows]], 0, fp32_decode)
+    ref = references.reference("fp32", shape, [prompt[:rows], first_ids[:rows], sums, run.tokens[:, :rows]], 0,
+                               fp32_decode)
+    del prefix
     err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
     bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
     top2 = ref.topk(2, dim=-1).values
@@ -260,10 +271,15 @@ def _eager_in(model, stepper) -> EagerStepper:
     return EagerStepper(model, stepper.input_ids, stepper.cache_len, rows=stepper.rows, shared=stepper)
 
 
+def _fp32_rows_at_most(stepper) -> int:
+    """The rows whose context fits in FP32_TOKENS."""
+    return max(1, min(stepper.bs, FP32_TOKENS // max(stepper.context_len, 1)))
+
+
 def _fp32_rows(model, stepper) -> int:
     """As many of the batch's rows as an fp32 cache for them fits in half the free GPU memory, and at most
     FP32_TOKENS of context."""
-    most = max(1, min(stepper.bs, FP32_TOKENS // max(stepper.context_len, 1)))
+    most = _fp32_rows_at_most(stepper)
     if not stepper.input_ids.is_cuda:
         return most
     torch.cuda.empty_cache()  # the run's cache, just freed

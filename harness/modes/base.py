@@ -14,7 +14,7 @@ import inspect
 from typing import ClassVar
 
 import torch
-from transformers import StaticCache
+from transformers import DynamicCache, StaticCache
 from transformers.masking_utils import create_causal_mask
 
 # The keyword that hands a model its KV cache: `cache` in the transformers releases that deprecate
@@ -33,8 +33,43 @@ def prefill_chunk(rows: int, context_len: int, cache_len: int) -> int:
     return context_len if fits >= context_len else max(128, fits // 128 * 128)
 
 
+# A prefill stages a group of rows' K/V in a DynamicCache before copying them into the static cache: the group's
+# staged K/V stay under this many bytes (one row at a time where a row's alone is more).
+PREFILL_STAGING_BYTES = 4 << 30
+
+
 def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor:
-    """Eager prefill of the whole prompt, in chunks where it is long; returns the first greedy token [rows, 1]."""
+    """Eager prefill of the whole prompt that reads only the valid prefix; returns the first greedy token [rows, 1].
+    Each group of rows runs through the model with a DynamicCache, which holds the context so far and nothing
+    more (causal attention over it, without a mask over the static cache's empty slots: SDPA's fused kernels),
+    in chunks where it is long; its K/V are then copied into the static cache's first slots, and the cache's
+    write position set after them, as a prefill into the static cache leaves it."""
+    rows, context_len = prompt.shape
+    layer = cache.layers[0]
+    row_bytes = 2 * len(cache.layers) * layer.keys[0, :, :context_len].numel() * layer.keys.element_size()
+    group = max(1, min(rows, PREFILL_STAGING_BYTES // max(row_bytes, 1)))
+    chunk = prefill_chunk(group, context_len, context_len)
+    first = []
+    for top in range(0, rows, group):
+        staged = DynamicCache(config=model.config)
+        for start in range(0, context_len, chunk):
+            out = model(input_ids=prompt[top:top + group, start:start + chunk], **{CACHE_KWARG: staged},
+                        use_cache=True, logits_to_keep=1)
+        for target, source in zip(cache.layers, staged.layers):
+            if source.keys is None:  # a layer that wrote nothing (a test's fault skips one): its slots stay empty
+                continue
+            target.keys[top:top + group, :, :context_len].copy_(source.keys)
+            target.values[top:top + group, :, :context_len].copy_(source.values)
+        first.append(out.logits[:, -1, :].argmax(dim=-1, keepdim=True))
+        del staged, out
+    for target in cache.layers:
+        target.cumulative_length.fill_(context_len)
+    return torch.cat(first)
+
+
+def prefill_over_every_slot(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor:
+    """transformers' own prefill into the static cache (SDPA over every slot of it, masked), in chunks where it is
+    long: what `prefill` must equal, token for token (tests/test_time_to_answer.py)."""
     chunk = prefill_chunk(prompt.shape[0], prompt.shape[1], cache.layers[0].max_cache_len)
     for start in range(0, prompt.shape[1], chunk):
         out = model(input_ids=prompt[:, start:start + chunk], **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1)
@@ -99,6 +134,16 @@ class Stepper:
         self.first_ids = prefill(self.model, self.cache, pad_rows(prompt, self.rows))
         self.context_len = prompt.shape[1]
         self.static_ids.copy_(self.first_ids)
+
+    def adopt(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], first_ids: torch.Tensor) -> None:
+        """Decode from a context another stepper prefilled, as restart() would leave it: its K/V per layer
+        [rows, kv_heads, context, head_dim], cast to this cache's dtype, in the first slots, and its first token."""
+        self.cache.reset()
+        for layer, (keys, values) in zip(self.cache.layers, prefix):
+            layer.keys[:, :, :keys.shape[2]].copy_(keys)
+            layer.values[:, :, :values.shape[2]].copy_(values)
+        self.context_len, self.first_ids = prefix[0][0].shape[2], first_ids.clone()
+        self.rewind()
 
     def rewind(self) -> None:
         """Back to the state the last prefill left: the same context, the same first token (no host sync)."""
