@@ -140,3 +140,45 @@ def test_a_prefill_of_the_valid_prefix_decodes_what_transformers_prefill_into_th
             assert torch.equal(x.argmax(-1), y.argmax(-1)) and float((x - y).abs().max()) < 1e-4
             for stepper in (valid, whole):
                 stepper.input_ids.copy_(x.argmax(-1, keepdim=True))
+
+
+def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_no_further():
+    """Eager that varies (noise on its logits, as SDPA over a long cache does on the H200) in the job that computed
+    the references: the next job's run within twice that variation passes on the kept passes alone, without an
+    eager step; a run beyond it is judged again on eager decodes in its own cache (steady here), and fails."""
+    import torch
+
+    from harness import models
+    from harness.measure.job import seeded_prompt
+    from harness.measure.verify import VERIFY_TOKENS, Trace, _exact, _free_run
+    from harness.modes.eager import EagerStepper
+
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2")
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    calls = []
+
+    def count(module, args, out):
+        calls.append(1)
+
+    with torch.inference_mode():
+        stepper = EagerStepper(model, prompt, 64)
+        stepper.rewind()
+        clean = _free_run(stepper, VERIFY_TOKENS)
+        noise = model.lm_head.register_forward_hook(lambda module, args, out: out + 0.5 * torch.rand_like(out))
+        references.new_job()
+        earlier = {}
+        assert _exact(model, prompt, stepper, clean, earlier) is None and earlier["eager_self_max_logit_diff"] > 0.1
+        noise.remove()
+        counter = model.lm_head.register_forward_hook(count)
+        try:
+            references.new_job()
+            within = {}
+            assert _exact(model, prompt, stepper, Trace(clean.logits + 0.01, clean.tokens), within) is None
+            assert calls == [] and within["eager_self_max_logit_diff"] == earlier["eager_self_max_logit_diff"]
+            references.new_job()
+            beyond = {}
+            why = _exact(model, prompt, stepper, Trace(clean.logits + 10.0, clean.tokens), beyond)
+        finally:
+            counter.remove()
+    assert why.startswith("logits differ from eager's") and beyond["eager_self_max_logit_diff"] == 0.0 and calls

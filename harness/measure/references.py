@@ -80,6 +80,14 @@ def from_earlier_job(kind: str) -> bool:
     return entry is not None and any(job != _job[0] for job in entry.jobs)
 
 
+def passes_of_one_earlier_job(kind: str) -> int:
+    """How many passes of this kind are kept, where one earlier job computed them all (else 0)."""
+    entry = _kept.get(kind)
+    if entry is None or not entry.jobs or len(set(entry.jobs)) != 1 or entry.jobs[0] == _job[0]:
+        return 0
+    return len(entry.passes)
+
+
 def _entry(kind: str, shape: tuple, inputs: list[torch.Tensor]) -> _Entry:
     host = _host(inputs)
     entry = _kept.get(kind)

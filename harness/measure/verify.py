@@ -126,15 +126,19 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     first = eager(0)
     diff, own = _max_diff(run.logits, first.logits), None
     if diff > 0:  # where the run equals eager bit for bit it passes at any variation: none is measured
-        if references.from_earlier_job("forced"):
-            # eager's own variation is measured between decodes in one cache: an earlier job's pass against one of
-            # this job's would count a difference of prefills as eager's variation. Decide as if none were kept.
-            references.drop("forced")
-            first = eager(0)
-            diff = _max_diff(run.logits, first.logits)
-        own = _max_diff(eager(1).logits, first.logits)
-        for index in range(2, 2 + (RECHECKS if diff > 2 * own else 0)):
-            own = max(own, _max_diff(eager(index).logits, first.logits))
+        if (kept := references.passes_of_one_earlier_job("forced")) >= 2:
+            # an earlier job measured eager's variation between its own passes, in one cache: within it, the run passes
+            own = max(_max_diff(eager(index).logits, first.logits) for index in range(1, kept))
+        if own is None or diff > 2 * own:
+            if references.from_earlier_job("forced"):
+                # eager's variation is measured between decodes in one cache: an earlier job's pass against this
+                # job's would count a difference of prefills as eager's variation. Decide as if none were kept.
+                references.drop("forced")
+                first = eager(0)
+                diff = _max_diff(run.logits, first.logits)
+            own = _max_diff(eager(1).logits, first.logits)
+            for index in range(2, 2 + (RECHECKS if diff > 2 * own else 0)):
+                own = max(own, _max_diff(eager(index).logits, first.logits))
         metrics["eager_self_max_logit_diff"] = own
     metrics["max_logit_diff"] = diff
     if own is not None and diff > 2 * own:
