@@ -321,3 +321,32 @@ def test_a_run_fails_for_differing_from_eager_only_after_eager_is_measured_again
             hook.remove()
     assert len(calls) == (2 + RECHECKS) * VERIFY_TOKENS  # the rechecks ran
     assert why is None and 0.5 < varying["eager_self_max_logit_diff"] <= 1.0 and varying["max_logit_diff"] <= 0.02
+
+
+class OneStepOffStepper(EagerStepper):
+    """An inexact mode wrong at one step only, by a shift of every logit that stays within the 4x max-logit bound
+    (as a decode that skips the newest token's block where the position crosses 128 is)."""
+
+    calls = 0
+
+    def step(self):
+        logits = super().step()
+        self.calls += 1
+        if self.calls == 5:  # the free run's 5th step (warm-up and loop steps are not judged against fp32)
+            logits = logits + (0.08 * torch.randn_like(logits.float())).to(logits.dtype)
+        return logits
+
+
+def test_a_fault_at_one_step_within_the_max_logit_bound_fails_on_its_kl():
+    cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
+    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(4, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        checks, why = verify(model, prompt, OneStepOffStepper(model, prompt, 64), cfg, False, torch.empty(0))
+        clean, ok = verify(model, prompt, EagerStepper(model, prompt, 64), cfg, False, torch.empty(0))
+    assert checks["fp32_max_logit_err"] <= checks["fp32_err_bound"]  # the max-logit backstop alone passes it
+    assert why is not None and why.startswith("at one step the run's KL from fp32 exceeds native eager's"), why
+    assert checks["kl_delta_max_step_nats"] > checks["kl_step_tolerance_nats"]
+    # native eager judged as a run: its deltas are 0, its fidelity matched
+    assert ok is None and clean["kl_delta_nats"] == 0.0 and clean["kl_delta_max_step_nats"] == 0.0

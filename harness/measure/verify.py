@@ -38,6 +38,13 @@ INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain ea
 TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 on the H200 (docs/benchmarks.md)
 RECHECKS = 2  # more eager decodes that measure eager's own variation before a run fails for exceeding it
 FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
+# A run's mean KL from fp32 may exceed native eager's by at most this many times eager's own (the KL delta's 95%
+# interval above it fails the run), and by at least KL_FLOOR_NATS where eager's is ~0 (an fp32 run)
+KL_TOLERANCE = 1.0
+# and at no single step by more than KL_STEP_TOLERANCE x eager's worst step (a fault at a block boundary touches one
+# step in 128, which a mean over steps, and its bootstrap interval, can hide)
+KL_STEP_TOLERANCE = 4.0
+KL_FLOOR_NATS = 1e-6
 FP32_TOKENS = 32768  # context tokens the fp32 reference prefills at most (rows x context_len): its prefill is slow
 
 
@@ -262,12 +269,66 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     metrics.update(fp32_max_logit_err=err, eager_fp32_max_logit_err=own, fp32_err_bound=bound,
                    fp32_err_vs_eager=err / own if own else float("nan"), fp32_rows_checked=float(rows),
                    fp32_token_agreement=1.0 - float(differ.float().mean()))
+    fidelity = fidelity_against_fp32(ref, run.logits[:, :rows], plain[:, :rows])
+    stepper.tags["fidelity"] = fidelity.pop("fidelity")
+    metrics.update(fidelity)
     if err > bound:
         return (f"logit error against fp32 {err:.4g} exceeds the bound {bound:.4g} "
                 f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
     if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
         return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
+    if stepper.tags["fidelity"] == "lost":
+        f = fidelity
+        if f["kl_delta_low_nats"] > f["kl_tolerance_nats"]:
+            return (f"the run's KL from fp32 exceeds native eager's by {f['kl_delta_nats']:.3g} nats a token (95% "
+                    f"interval {f['kl_delta_low_nats']:.3g} to {f['kl_delta_high_nats']:.3g}), past the tolerance "
+                    f"{f['kl_tolerance_nats']:.3g} ({KL_TOLERANCE:g} x eager's own {f['eager_kl_nats']:.3g})")
+        return (f"at one step the run's KL from fp32 exceeds native eager's by {f['kl_delta_max_step_nats']:.3g} nats a "
+                f"token, past {f['kl_step_tolerance_nats']:.3g} ({KL_STEP_TOLERANCE:g} x eager's worst step, "
+                f"{f['eager_kl_max_step_nats']:.3g}): a fault at a few positions (a block boundary) that the mean hides")
     return None
+
+
+def fidelity_against_fp32(ref: torch.Tensor, run: torch.Tensor, plain: torch.Tensor) -> dict:
+    """Fidelity as decode studies measure it, each [steps, rows, vocab] teacher-forced on the same tokens: per
+    step, KL(fp32 || run) and the NLL under the run of fp32's greedy token, the same for native eager (`plain`,
+    this dtype, sdpa), and their deltas (run - eager) averaged over rows, with a paired bootstrap 95% interval over
+    steps. `fidelity` is "lost" where that interval lies above KL_TOLERANCE x eager's own mean KL, or where one
+    step's delta passes KL_STEP_TOLERANCE x eager's worst step (each at least KL_FLOOR_NATS): a fault that touches
+    a step or two (a block skipped where the position crosses it) shows there, where one largest logit error over
+    all steps can hide it. Else "matched" where the interval reaches 0 or below, "worse" where it lies above 0."""
+    run_kl, run_nll, eager_kl, eager_nll = [], [], [], []
+    for step in range(ref.shape[0]):  # step by step: [steps, rows, vocab] in fp32, several times, would not fit
+        logp = ref[step].float().log_softmax(-1)
+        best = logp.argmax(-1, keepdim=True)
+        for logits, kl, nll in ((run[step], run_kl, run_nll), (plain[step], eager_kl, eager_nll)):
+            logq = logits.float().log_softmax(-1)
+            kl.append((logp.exp() * (logp - logq)).sum(-1).double().cpu())
+            nll.append(-logq.gather(-1, best)[:, 0].double().cpu())
+    run_kl, run_nll, eager_kl, eager_nll = (torch.stack(x).numpy() for x in (run_kl, run_nll, eager_kl, eager_nll))
+    kl_steps, nll_steps = (run_kl - eager_kl).mean(axis=1), (run_nll - eager_nll).mean(axis=1)
+    (kl_low, kl_high), (nll_low, nll_high) = (paired_mean_interval(d) for d in (kl_steps, nll_steps))
+    eager, eager_worst = float(eager_kl.mean()), float(eager_kl.mean(axis=1).max())
+    tolerance = max(KL_TOLERANCE * eager, KL_FLOOR_NATS)
+    step_tolerance = max(KL_STEP_TOLERANCE * eager_worst, KL_FLOOR_NATS)
+    lost = kl_low > tolerance or float(kl_steps.max()) > step_tolerance
+    verdict = "lost" if lost else "matched" if kl_low <= 0 else "worse"
+    return {"kl_nats": float(run_kl.mean()), "eager_kl_nats": eager, "kl_delta_nats": float(kl_steps.mean()),
+            "eager_kl_max_step_nats": eager_worst, "kl_step_tolerance_nats": step_tolerance,
+            "kl_delta_low_nats": kl_low, "kl_delta_high_nats": kl_high, "kl_delta_max_step_nats": float(kl_steps.max()),
+            "nll_nats": float(run_nll.mean()), "eager_nll_nats": float(eager_nll.mean()),
+            "nll_delta_nats": float(nll_steps.mean()), "nll_delta_low_nats": nll_low, "nll_delta_high_nats": nll_high,
+            "kl_tolerance_nats": tolerance, "fidelity": verdict}
+
+
+def paired_mean_interval(deltas, samples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 95% bootstrap interval of the mean of per-step paired deltas (steps drawn with replacement)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    means = deltas[rng.integers(len(deltas), size=(samples, len(deltas)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def _eager_in(model, stepper) -> EagerStepper:
