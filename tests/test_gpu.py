@@ -137,8 +137,8 @@ def test_a_backend_at_a_long_context_matches_eager_and_fp32(attn):
 def test_flex_missing_the_newest_tokens_block_fails_the_run(monkeypatch, context):
     """The block count one short where the position is a multiple of 128 (the new token's own block unread): the
     verified window crosses 128 at context 100 and starts at it at context 1024. Compiled flex reads the block
-    count, which flex's CPU path ignores, so only a GPU shows it. Seen on the H200 (2026-12-01): the run still
-    verifies under the 4x max-logit bound, so this is expected to fail until a KL/NLL fidelity gate lands."""
+    count, which flex's CPU path ignores, so only a GPU shows it. The 4x max-logit bound misses it at both; the
+    worst step's KL delta catches it at context 100 and not at 1024 (expected to fail there: the closing note)."""
     from harness.kernels import attention
 
     def one_short(position, slots, device):
@@ -159,6 +159,10 @@ def test_flex_missing_the_newest_tokens_block_fails_the_run(monkeypatch, context
     print(f"context {context}: max-logit {m['fp32_max_logit_err']:.4g} (bound {m['fp32_err_bound']:.4g}); KL delta "
           f"{m['kl_delta_nats']:.3g} [{m['kl_delta_low_nats']:.3g}, {m['kl_delta_high_nats']:.3g}] nats, worst step "
           f"{m['kl_delta_max_step_nats']:.3g} (tolerance {m['kl_step_tolerance_nats']:.3g}); {result.failure}")
-    if result.failure is None:
-        pytest.xfail(f"not caught: fp32 error {m['fp32_max_logit_err']:.4g} within the bound {m['fp32_err_bound']:.4g}, "
-                     f"worst-step KL delta {m['kl_delta_max_step_nats']:.3g} within {m['kl_step_tolerance_nats']:.3g}")
+    if context == 1024 and result.failure is None:  # seen on the H200, 2026-12-01: 0.000513 nats against 0.00394
+        pytest.xfail(f"not caught: one key of 1025 unread at one step moves its KL by "
+                     f"{m['kl_delta_max_step_nats']:.3g} nats, less than the backends' own per-step spread (up to "
+                     f"0.0015 in docs/benchmarks.md): within {m['kl_step_tolerance_nats']:.3g}")
+    # context 100: the verified window crosses 128, where the newest of 128 tokens goes unread (H200: 0.00487 nats
+    # at that step against a tolerance of 0.0043, with the max-logit error 0.3691 inside its bound 0.4732)
+    assert result.failure is not None and result.failure.startswith("at one step the run's KL from fp32"), result.failure
