@@ -42,6 +42,17 @@ def run_config(*overrides: str) -> RunConfig:
     return to_run_config(compose_cfg(*overrides))
 
 
+def tiny_fp32(*overrides: str):
+    """The tiny model in fp32 on CPU at bs=2 (FAST's sizes, more overrides after), its config and its seeded
+    prompt: what the tests of verification's parts judge."""
+    from harness import models
+    from harness.measure.job import seeded_prompt
+
+    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32", *overrides)
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    return cfg, model, seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+
+
 def harness_env(env: dict | None = None) -> dict:
     """This process's environment less the store it may name and what torch's imports set here."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", *SET_BY_TORCH)}

@@ -16,7 +16,7 @@ from harness.measure.verify import (INEXACT_BOUND, RECHECKS, TIE_TOLERANCE, VERI
 from harness.modes.base import prefill, static_cache
 from harness.modes.eager import EagerStepper
 from harness.measure.stats import step_stats
-from tests.support import FAST, run_config
+from tests.support import FAST, run_config, tiny_fp32
 
 
 pytestmark = pytest.mark.usefixtures("fresh_model_cache")
@@ -160,9 +160,7 @@ def _decoded_tokens(stepper, cfg):
 
 
 def test_verification_catches_a_mode_whose_logits_differ():
-    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32")
-    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    cfg, model, prompt = tiny_fp32()
     with torch.inference_mode():
         plain = EagerStepper(model, prompt, 64)
         same, ok = verify(model, prompt, plain, cfg, True, _decoded_tokens(plain, cfg))
@@ -258,9 +256,7 @@ def test_profiling_on_the_cpu_says_it_was_skipped():
 def _a_wrong_token():
     """A tiny fp32 model's prefilled stepper, and its loop's tokens with one wrong (step 5, row 1), as a loop
     that fed the wrong token would leave them. Call under inference_mode."""
-    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32", "model.tie_word_embeddings=false")
-    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    cfg, model, prompt = tiny_fp32("model.tie_word_embeddings=false")
     stepper = EagerStepper(model, prompt, 64)
     decoded = _decoded_tokens(stepper, cfg)
     decoded[5, 1] = (decoded[5, 1] + 1) % model.config.vocab_size
@@ -296,9 +292,7 @@ def test_a_tie_is_judged_against_the_variation_eager_shows_on_the_same_history()
 def test_a_run_fails_for_differing_from_eager_only_after_eager_is_measured_again():
     """Eager that agrees with itself twice but varies on the third and fourth pass (kernels that vary now and
     then): a run off by less than twice that variation passes; with eager steady, the same run fails."""
-    cfg = run_config(*FAST, "device=cpu", "bs=2", "dtype=fp32")
-    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    cfg, model, prompt = tiny_fp32()
     calls = []
 
     def later_passes_vary(module, args, out):

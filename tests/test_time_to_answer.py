@@ -148,14 +148,11 @@ def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_
     eager step; a run beyond it is judged again on eager decodes in its own cache (steady here), and fails."""
     import torch
 
-    from harness import models
-    from harness.measure.job import seeded_prompt
     from harness.measure.verify import VERIFY_TOKENS, Trace, _exact, _free_run
     from harness.modes.eager import EagerStepper
+    from tests.support import tiny_fp32
 
-    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2")
-    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    _, model, prompt = tiny_fp32()
     calls = []
 
     def count(module, args, out):
