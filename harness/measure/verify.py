@@ -244,7 +244,30 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     with attention(model, "sdpa"):
         plain = references.reference("plain", shape, [prompt, stepper.first_ids, sums, run.tokens], 0,
                                      lambda: _forced(_eager_in(model, stepper), run.tokens)).logits
-    most = _fp32_rows_at_most(stepper)
+    ref = _fp32_reference(model, prompt, stepper, cfg, run, sums)  # frees the run's cache
+    rows = ref.shape[1]
+    err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
+    bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
+    top2 = ref.topk(2, dim=-1).values
+    differ = run.logits[:, :rows].argmax(-1) != ref.argmax(-1)
+    metrics.update(fp32_max_logit_err=err, eager_fp32_max_logit_err=own, fp32_err_bound=bound,
+                   fp32_err_vs_eager=err / own if own else float("nan"), fp32_rows_checked=float(rows),
+                   fp32_token_agreement=1.0 - float(differ.float().mean()))
+    fidelity = fidelity_against_fp32(ref, run.logits[:, :rows], plain[:, :rows])
+    stepper.tags["fidelity"] = fidelity.pop("fidelity")
+    metrics.update(fidelity)
+    if err > bound:
+        return (f"logit error against fp32 {err:.4g} exceeds the bound {bound:.4g} "
+                f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
+    if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
+        return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
+    return _fidelity_lost(fidelity) if stepper.tags["fidelity"] == "lost" else None
+
+
+def _fp32_reference(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor) -> torch.Tensor:
+    """The fp32 decode [steps, rows, vocab] fed the run's tokens from the run's context K/V (copied, then the run's
+    cache freed, so that as many rows as half the free memory holds fit), or an earlier job's for the same."""
+    ctx, most = stepper.context_len, _fp32_rows_at_most(stepper)
     prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
     first_ids = stepper.first_ids[:most]
     stepper.release()
@@ -262,31 +285,18 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     ref = references.reference("fp32", shape, [prompt[:rows], first_ids[:rows], sums, run.tokens[:, :rows]], 0,
                                fp32_decode)
     prefix.clear()  # the context copy, freed before the comparisons
-    err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
-    bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
-    top2 = ref.topk(2, dim=-1).values
-    differ = run.logits[:, :rows].argmax(-1) != ref.argmax(-1)
-    metrics.update(fp32_max_logit_err=err, eager_fp32_max_logit_err=own, fp32_err_bound=bound,
-                   fp32_err_vs_eager=err / own if own else float("nan"), fp32_rows_checked=float(rows),
-                   fp32_token_agreement=1.0 - float(differ.float().mean()))
-    fidelity = fidelity_against_fp32(ref, run.logits[:, :rows], plain[:, :rows])
-    stepper.tags["fidelity"] = fidelity.pop("fidelity")
-    metrics.update(fidelity)
-    if err > bound:
-        return (f"logit error against fp32 {err:.4g} exceeds the bound {bound:.4g} "
-                f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
-    if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
-        return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
-    if stepper.tags["fidelity"] == "lost":
-        f = fidelity
-        if f["kl_delta_low_nats"] > f["kl_tolerance_nats"]:
-            return (f"the run's KL from fp32 exceeds native eager's by {f['kl_delta_nats']:.3g} nats a token (95% "
-                    f"interval {f['kl_delta_low_nats']:.3g} to {f['kl_delta_high_nats']:.3g}), past the tolerance "
-                    f"{f['kl_tolerance_nats']:.3g} ({KL_TOLERANCE:g} x eager's own {f['eager_kl_nats']:.3g})")
-        return (f"at one step the run's KL from fp32 exceeds native eager's by {f['kl_delta_max_step_nats']:.3g} nats a "
-                f"token, past {f['kl_step_tolerance_nats']:.3g} ({KL_STEP_TOLERANCE:g} x eager's worst step, "
-                f"{f['eager_kl_max_step_nats']:.3g}): a fault at a few positions (a block boundary) that the mean hides")
-    return None
+    return ref
+
+
+def _fidelity_lost(f: dict) -> str:
+    """The failure reason of a run whose fidelity is lost: its mean KL delta, or its worst step's."""
+    if f["kl_delta_low_nats"] > f["kl_tolerance_nats"]:
+        return (f"the run's KL from fp32 exceeds native eager's by {f['kl_delta_nats']:.3g} nats a token (95% "
+                f"interval {f['kl_delta_low_nats']:.3g} to {f['kl_delta_high_nats']:.3g}), past the tolerance "
+                f"{f['kl_tolerance_nats']:.3g} ({KL_TOLERANCE:g} x eager's own {f['eager_kl_nats']:.3g})")
+    return (f"at one step the run's KL from fp32 exceeds native eager's by {f['kl_delta_max_step_nats']:.3g} nats a "
+            f"token, past {f['kl_step_tolerance_nats']:.3g} ({KL_STEP_TOLERANCE:g} x eager's worst step, "
+            f"{f['eager_kl_max_step_nats']:.3g}): a fault at a few positions (a block boundary) that the mean hides")
 
 
 def fidelity_against_fp32(ref: torch.Tensor, run: torch.Tensor, plain: torch.Tensor) -> dict:
