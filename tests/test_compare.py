@@ -90,3 +90,24 @@ def test_a_config_run_twice_pairs_once_and_the_others_are_listed():
     assert sorted(unmatched) == [("baseline", "tiny bs=1", "another run of a config already paired"),
                                  ("baseline", "tiny bs=2", "not comparable: FAILED"),
                                  ("candidate", "tiny bs=1", "another run of a config already paired")]
+
+
+def _printed(copy: float, spread: float, launch: float = 2.5) -> dict:
+    return {"torch": "2.11", "fingerprint_copy_gb_per_s": str(copy), "fingerprint_copy_gb_per_s_spread_pct": str(spread),
+            "fingerprint_launch_us": str(launch), "fingerprint_launch_us_spread_pct": "1.0"}
+
+
+def test_gpu_fingerprints_are_told_apart_beyond_their_noise_and_not_as_environment_differences():
+    from harness.analysis.compare import Side, as_markdown, environment_diff, fingerprint_diff
+
+    base = [_record(1, 10.0, env=_printed(4000.0, 0.5)), _record(2, 10.0, env=_printed(4010.0, 0.5))]
+    alike = [_record(1, 10.0, env=_printed(4030.0, 0.8)), _record(2, 10.0, env=_printed(3990.0, 0.8))]
+    slower_memory = [_record(1, 10.0, env=_printed(3600.0, 0.5)), _record(2, 10.0, env=_printed(3610.0, 0.5))]
+    assert environment_diff(base, alike, []) == {}  # measured figures always differ a little: not a difference
+    assert [row["differs"] for row in fingerprint_diff(base, alike)] == [False, False]
+    copy, launch = fingerprint_diff(base, slower_memory)
+    assert copy["figure"] == "copy_gb_per_s" and copy["differs"] and round(copy["change_pct"], 1) == -10.0
+    assert copy["noise_pct"] == 2.0 and not launch["differs"]  # the floor: a 0.5% spread is not the noise
+    text = as_markdown(Side("a", base, "a"), Side("b", slower_memory, "b"), [], [], {}, 0.03)
+    assert "copy_gb_per_s 4005 → 3605 GB/s (-10.0%, noise ±2.0%)" in text
+    assert "They differ beyond their noise in copy_gb_per_s" in text

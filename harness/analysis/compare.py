@@ -10,6 +10,7 @@ The exit status is 1 when any pair is slower, so that CI can gate on it.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,17 +102,54 @@ def compare(base: list[JobRecord], cand: list[JobRecord], ignore: list[str], thr
 
 
 def environment_diff(base: list[JobRecord], cand: list[JobRecord], ignore: list[str]) -> dict[str, tuple]:
-    """Environment keys (torch, CUDA, driver, GPU, commit, host, ...) whose values differ between the sides."""
+    """Environment keys (torch, CUDA, driver, GPU, commit, host, ...) whose values differ between the sides; the
+    GPU fingerprint's measured figures apart (fingerprint_diff: they always differ a little)."""
     values = lambda side, k: sorted({str(r.environment.get(k, "-")) for r in side if r.environment})  # noqa: E731
-    keys = sorted({k for r in base + cand for k in r.environment})
+    keys = sorted({k for r in base + cand for k in r.environment if not k.startswith(FINGERPRINT)})
     return {k: (values(base, k), values(cand, k)) for k in keys
             if f"env.{k}" not in ignore and values(base, k) != values(cand, k)}
+
+
+FINGERPRINT = "fingerprint_"
+FINGERPRINT_FLOOR_PCT = 2.0  # fingerprints closer than this are alike whatever their measured spread
+
+
+def fingerprint_diff(base: list[JobRecord], cand: list[JobRecord]) -> list[dict]:
+    """Each GPU-fingerprint figure of both sides (the median over each side's runs), its change in %, the noise it
+    is judged against (the larger side's spread, at least FINGERPRINT_FLOOR_PCT) and whether it exceeds it."""
+    def side(records: list[JobRecord], name: str) -> tuple[float, float] | None:
+        found = [(float(r.environment[f"{FINGERPRINT}{name}"]), float(r.environment.get(f"{FINGERPRINT}{name}_spread_pct", 0)))
+                 for r in records if f"{FINGERPRINT}{name}" in r.environment]
+        if not found:
+            return None
+        return statistics.median(v for v, _ in found), max(spread for _, spread in found)
+
+    from harness.measure.fingerprint import FIGURES
+
+    rows = []
+    for name, unit in FIGURES.items():
+        a, b = side(base, name), side(cand, name)
+        if a is None or b is None:
+            continue
+        change = 100 * (b[0] - a[0]) / a[0]
+        noise = max(a[1], b[1], FINGERPRINT_FLOOR_PCT)
+        rows.append(dict(figure=name, unit=unit, baseline=a[0], candidate=b[0], change_pct=change, noise_pct=noise,
+                         differs=abs(change) > noise))
+    return rows
 
 
 def as_markdown(baseline: Side, candidate: Side, pairs, unmatched, env: dict, threshold: float) -> str:
     lines = [f"# compare {baseline.given} → {candidate.given}", ""]
     if env:
         lines += ["Environments differ: " + "; ".join(f"{k}: {', '.join(b)} → {', '.join(c)}" for k, (b, c) in env.items()), ""]
+    if prints := fingerprint_diff(baseline.records, candidate.records):
+        differ = [p["figure"] for p in prints if p["differs"]]
+        lines += ["GPU fingerprints (baseline → candidate): " + "; ".join(
+            f"{p['figure']} {p['baseline']:.4g} → {p['candidate']:.4g} {p['unit']} ({p['change_pct']:+.1f}%, noise "
+            f"±{p['noise_pct']:.1f}%)" for p in prints) + ". " + (
+            f"They differ beyond their noise in {', '.join(differ)}: the two sides ran on machines that behave "
+            "differently, and a change of that size may be the machine's." if differ else
+            "Alike within their noise."), ""]
     lines += [f"Verdict threshold ±{100 * threshold:g}%, 95% bootstrap interval of candidate / baseline.", "",
               "| run | baseline ms | candidate ms | ratio | 95% interval | verdict |", "|---|---:|---:|---:|---|---|"]
     lines += [f"| {p.label} | {p.baseline_ms:.4f} | {p.candidate_ms:.4f} | {p.ratio:.4f} | {p.low:.4f}–{p.high:.4f} | "
@@ -121,13 +159,14 @@ def as_markdown(baseline: Side, candidate: Side, pairs, unmatched, env: dict, th
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: Path, text: str, pairs, unmatched, env: dict) -> list[Path]:
+def write(out_dir: Path, text: str, pairs, unmatched, env: dict, fingerprints: list[dict] | None = None) -> list[Path]:
     from harness.analysis.report import ratio_plot  # matplotlib: only when writing
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.md").write_text(text)
     data = {"pairs": [asdict(p) for p in pairs], "environment_differs": {k: list(v) for k, v in env.items()},
-            "unmatched": [dict(side=s, label=label, why=why) for s, label, why in unmatched]}
+            "unmatched": [dict(side=s, label=label, why=why) for s, label, why in unmatched],
+            "gpu_fingerprints": fingerprints or []}
     (out_dir / "compare.json").write_text(json.dumps(data, indent=2))
     made = [out_dir / "compare.md", out_dir / "compare.json"]
     return made + ([ratio_plot(pairs, out_dir / "compare.png")] if pairs else [])
@@ -152,7 +191,7 @@ def run(uri: str, baseline: str, candidate: str, ignore: list[str], threshold: f
     env = environment_diff(base.records, cand.records, ignore)
     text = as_markdown(base, cand, pairs, unmatched, env, threshold)
     print(text)
-    files = write(out_dir, text, pairs, unmatched, env)
+    files = write(out_dir, text, pairs, unmatched, env, fingerprint_diff(base.records, cand.records))
     where = f"wrote {', '.join(p.name for p in files)} in {out_dir}"
     if cand.parent_run_id:
         for path in files:

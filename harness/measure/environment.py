@@ -100,7 +100,10 @@ def environment_tags(device: torch.device) -> dict[str, str]:
         "git_dirty": dirty,
     }
     if device.type == "cuda":
+        from harness.measure.fingerprint import fingerprint
+
         tags.update(gpu_facts(device_index(device)))
+        tags.update(fingerprint(device_index(device)))  # measured once per process
     if slot := os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():  # the GPU a launcher pinned the job to
         tags["gpu_slot"] = slot
     # the host launches every eager kernel: its CPU, its clock policy and torch's threads set eager's step time

@@ -1,0 +1,101 @@
+"""A GPU's fingerprint: a short calibration, once per process, of what the machine under a sweep does.
+
+Leases of "one H200" are different GPUs, and one compiled config measured 0.998-1.159 ms across four of them: a
+name and a driver version do not tell two machines apart, their behaviour does. Each figure is the median of
+REPEATS measurements, with their spread (max - min, in % of the median) as its noise; `compare` says where two
+sweeps' fingerprints differ beyond it (harness/analysis/compare.py).
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+
+REPEATS = 5
+COPY_BYTES = 256 << 20  # a device-to-device copy this large runs at the memory's speed, not at the launch's
+LAUNCHES = 1000  # back-to-back launches of an (almost) empty kernel, timed as one
+GRAPH_KERNELS = 100  # kernels in the captured graph whose replay is timed
+# (figure, unit) of each measurement, as tags `fingerprint_<figure>` and `fingerprint_<figure>_spread_pct`
+FIGURES = {"copy_gb_per_s": "GB/s", "launch_us": "µs", "graph100_us": "µs", "sm_clock_under_load_mhz": "MHz"}
+
+
+@functools.lru_cache(maxsize=8)
+def fingerprint(index: int) -> dict[str, str]:
+    """The fingerprint of CUDA device `index`, as environment tags (strings, as tags are)."""
+    device = torch.device("cuda", index)
+    with torch.cuda.device(device):
+        samples = {"copy_gb_per_s": _copy_gb_per_s(device), "launch_us": _launch_us(device),
+                   "graph100_us": _graph_us(device), "sm_clock_under_load_mhz": _sm_clock_under_load(device)}
+    tags = {}
+    for name, values in samples.items():
+        if not values:  # the clock needs NVML (nvidia-ml-py)
+            continue
+        median = statistics.median(values)
+        tags[f"fingerprint_{name}"] = f"{median:.4g}"
+        tags[f"fingerprint_{name}_spread_pct"] = f"{100 * (max(values) - min(values)) / median:.2f}"
+    return tags
+
+
+def _events_ms(fn, calls: int = 1) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _copy_gb_per_s(device: torch.device) -> list[float]:
+    """Device-to-device copy: bytes read plus bytes written, per second."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm
+    return [2 * COPY_BYTES / (_events_ms(lambda: dst.copy_(src)) / 1e3) / 1e9 for _ in range(REPEATS)]
+
+
+def _launch_us(device: torch.device) -> list[float]:
+    """An (almost) empty kernel launched back to back: the time of one, launch included."""
+    x = torch.zeros(1, device=device)
+    x.add_(1)
+    return [_events_ms(lambda: x.add_(1), LAUNCHES) * 1e3 / LAUNCHES for _ in range(REPEATS)]
+
+
+def _graph_us(device: torch.device) -> list[float]:
+    """A CUDA graph of GRAPH_KERNELS such kernels, replayed: one replay's time."""
+    x = torch.zeros(1, device=device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        x.add_(1)  # warm up on a side stream, as capture wants
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_KERNELS):
+            x.add_(1)
+    graph.replay()
+    replays = 20
+    return [_events_ms(graph.replay, replays) * 1e3 / replays for _ in range(REPEATS)]
+
+
+def _sm_clock_under_load(device: torch.device) -> list[float]:
+    """The SM clock NVML reads while matmuls keep the GPU busy (its boost under load, which power and
+    temperature limits move from one board to the next)."""
+    from harness.measure.gpu_state import _nvml_handle
+
+    handle = _nvml_handle(device)
+    if handle is None:
+        return []
+    import pynvml
+
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    readings = []
+    for _ in range(REPEATS):
+        for _ in range(40):  # about 0.1 s of work queued, the host free to read the clock meanwhile
+            a @ a
+        time.sleep(0.02)
+        readings.append(float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)))
+        torch.cuda.synchronize(device)
+    return readings
