@@ -101,13 +101,14 @@ def test_gpu_fingerprints_are_told_apart_beyond_their_noise_and_not_as_environme
     from harness.analysis.compare import Side, as_markdown, environment_diff, fingerprint_diff
 
     base = [_record(1, 10.0, env=_printed(4000.0, 0.5)), _record(2, 10.0, env=_printed(4010.0, 0.5))]
-    alike = [_record(1, 10.0, env=_printed(4030.0, 0.8)), _record(2, 10.0, env=_printed(3990.0, 0.8))]
+    # two processes on one H200 moved an empty kernel's launch by 58% (6.1 → 9.7 µs): the host's figure, not a new GPU
+    alike = [_record(1, 10.0, env=_printed(4030.0, 0.8, launch=3.9)), _record(2, 10.0, env=_printed(3990.0, 0.8, launch=3.9))]
     slower_memory = [_record(1, 10.0, env=_printed(3600.0, 0.5)), _record(2, 10.0, env=_printed(3610.0, 0.5))]
     assert environment_diff(base, alike, []) == {}  # measured figures always differ a little: not a difference
     assert [row["differs"] for row in fingerprint_diff(base, alike)] == [False, False]
     copy, launch = fingerprint_diff(base, slower_memory)
     assert copy["figure"] == "copy_gb_per_s" and copy["differs"] and round(copy["change_pct"], 1) == -10.0
-    assert copy["noise_pct"] == 2.0 and not launch["differs"]  # the floor: a 0.5% spread is not the noise
+    assert copy["noise_pct"] == 5.0 and not launch["differs"]  # the floor: a 0.5% spread is not the noise
     text = as_markdown(Side("a", base, "a"), Side("b", slower_memory, "b"), [], [], {}, 0.03)
-    assert "copy_gb_per_s 4005 → 3605 GB/s (-10.0%, noise ±2.0%)" in text
+    assert "copy_gb_per_s 4005 → 3605 GB/s (-10.0%, noise ±5.0%)" in text
     assert "They differ beyond their noise in copy_gb_per_s" in text

@@ -111,12 +111,12 @@ def environment_diff(base: list[JobRecord], cand: list[JobRecord], ignore: list[
 
 
 FINGERPRINT = "fingerprint_"
-FINGERPRINT_FLOOR_PCT = 2.0  # fingerprints closer than this are alike whatever their measured spread
 
 
 def fingerprint_diff(base: list[JobRecord], cand: list[JobRecord]) -> list[dict]:
     """Each GPU-fingerprint figure of both sides (the median over each side's runs), its change in %, the noise it
-    is judged against (the larger side's spread, at least FINGERPRINT_FLOOR_PCT) and whether it exceeds it."""
+    is judged against (the larger side's spread, at least the figure's floor: fingerprint.FIGURES) and whether the
+    change exceeds it."""
     def side(records: list[JobRecord], name: str) -> tuple[float, float] | None:
         found = [(float(r.environment[f"{FINGERPRINT}{name}"]), float(r.environment.get(f"{FINGERPRINT}{name}_spread_pct", 0)))
                  for r in records if f"{FINGERPRINT}{name}" in r.environment]
@@ -127,12 +127,12 @@ def fingerprint_diff(base: list[JobRecord], cand: list[JobRecord]) -> list[dict]
     from harness.measure.fingerprint import FIGURES
 
     rows = []
-    for name, unit in FIGURES.items():
+    for name, (unit, floor_pct) in FIGURES.items():
         a, b = side(base, name), side(cand, name)
         if a is None or b is None:
             continue
         change = 100 * (b[0] - a[0]) / a[0]
-        noise = max(a[1], b[1], FINGERPRINT_FLOOR_PCT)
+        noise = max(a[1], b[1], floor_pct)
         rows.append(dict(figure=name, unit=unit, baseline=a[0], candidate=b[0], change_pct=change, noise_pct=noise,
                          differs=abs(change) > noise))
     return rows
