@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from harness.clock import cuda_event_ms
+
 REPEATS = 5
 COPY_BYTES = 256 << 20  # a device-to-device copy this large runs at the memory's speed, not at the launch's
 LAUNCHES = 1000  # back-to-back launches of an (almost) empty kernel, timed as one
@@ -42,30 +44,25 @@ def fingerprint(index: int) -> dict[str, str]:
     return tags
 
 
-def _events_ms(fn, calls: int = 1) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
 def _copy_gb_per_s(device: torch.device) -> list[float]:
     """Device-to-device copy: bytes read plus bytes written, per second."""
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     for _ in range(3):  # warm: the first copies of a fresh process run slower
         dst.copy_(src)
-    return [2 * COPY_BYTES / (_events_ms(lambda: dst.copy_(src)) / 1e3) / 1e9 for _ in range(REPEATS)]
+    return [2 * COPY_BYTES / (ms / 1e3) / 1e9 for ms in cuda_event_ms(lambda: dst.copy_(src), REPEATS)]
 
 
 def _launch_us(device: torch.device) -> list[float]:
     """An (almost) empty kernel launched back to back: the time of one, launch included."""
     x = torch.zeros(1, device=device)
     x.add_(1)
-    return [_events_ms(lambda: x.add_(1), LAUNCHES) * 1e3 / LAUNCHES for _ in range(REPEATS)]
+
+    def launches() -> None:
+        for _ in range(LAUNCHES):
+            x.add_(1)
+
+    return [ms * 1e3 / LAUNCHES for ms in cuda_event_ms(launches, REPEATS)]
 
 
 def _graph_us(device: torch.device) -> list[float]:
@@ -82,7 +79,12 @@ def _graph_us(device: torch.device) -> list[float]:
             x.add_(1)
     graph.replay()
     replays = 20
-    return [_events_ms(graph.replay, replays) * 1e3 / replays for _ in range(REPEATS)]
+
+    def replay() -> None:
+        for _ in range(replays):
+            graph.replay()
+
+    return [ms * 1e3 / replays for ms in cuda_event_ms(replay, REPEATS)]
 
 
 def _sm_clock_under_load(device: torch.device) -> list[float]:
