@@ -67,6 +67,20 @@ def paired_ratio_interval(blocks_a: list[list[float]], blocks_b: list[list[float
     return float(np.median(np.concatenate(b)) / np.median(np.concatenate(a))), float(low), float(high)
 
 
+def paired_mean_interval(deltas: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """The 95% bootstrap interval of the mean of paired per-step deltas (run - reference at each step: the steps
+    are drawn with replacement, each keeping its pair)."""
+    rng = np.random.default_rng(seed)
+    means = deltas[rng.integers(len(deltas), size=(BOOTSTRAP_SAMPLES, len(deltas)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def half_width_pct(median: float, low: float, high: float) -> float:
+    """An interval's wider side from the median, in % of the median."""
+    return 100.0 * max(median - low, high - median) / median
+
+
 def median_interval(blocks: list[list[float]], seed: int = 0) -> tuple[float, float]:
     """The two-level bootstrap 95% interval of the median step time."""
     low, high = np.percentile(bootstrap_medians(blocks, seed), [2.5, 97.5])
@@ -79,8 +93,7 @@ MIN_BLOCKS = 2  # the interval rule waits for two blocks: one block's interval c
 def ci_pct(blocks: list[list[float]]) -> float:
     """The half-width of the median's 95% interval (two-level bootstrap), in % of the median: its wider side."""
     median = float(np.median(np.concatenate([np.asarray(b, dtype=np.float64) for b in blocks])))
-    low, high = median_interval(blocks)
-    return 100.0 * max(median - low, high - median) / median
+    return half_width_pct(median, *median_interval(blocks))
 
 
 def stop_reason(cfg, blocks: list[list[float]], spent_s: float, next_block_s: float) -> str | None:
@@ -111,7 +124,7 @@ def decode_metrics(blocks: list[DecodeTiming], bs: int) -> dict[str, float]:
     metrics.update({f"block_{i}_step_ms_median": float(np.median(b.step_ms)) for i, b in enumerate(blocks)})
     metrics.update(
         step_ms_ci_low=low, step_ms_ci_high=high,
-        step_ms_ci_pct=100.0 * max(stats["median"] - low, high - stats["median"]) / stats["median"],
+        step_ms_ci_pct=half_width_pct(stats["median"], low, high),
         wall_ms_per_step=wall_per_step,
         tokens_per_s=bs * 1000.0 / stats["median"],
         tokens_per_s_wall=bs * 1000.0 / wall_per_step,

@@ -31,6 +31,7 @@ from harness.kernels import attention_spec
 from harness.modes.base import kv_heads_and_dim
 from harness.modes.eager import EagerStepper
 from harness.measure import references
+from harness.measure.stats import paired_mean_interval
 from harness.measure.timing import advance, calls_for
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
@@ -329,16 +330,6 @@ def fidelity_against_fp32(ref: torch.Tensor, run: torch.Tensor, plain: torch.Ten
             "nll_nats": float(run_nll.mean()), "eager_nll_nats": float(eager_nll.mean()),
             "nll_delta_nats": float(nll_steps.mean()), "nll_delta_low_nats": nll_low, "nll_delta_high_nats": nll_high,
             "kl_tolerance_nats": tolerance, "fidelity": verdict}
-
-
-def paired_mean_interval(deltas, samples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """The 95% bootstrap interval of the mean of per-step paired deltas (steps drawn with replacement)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    means = deltas[rng.integers(len(deltas), size=(samples, len(deltas)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
 
 
 def _eager_in(model, stepper) -> EagerStepper:
