@@ -109,6 +109,7 @@ def test_gpu_fingerprints_are_told_apart_beyond_their_noise_and_not_as_environme
     copy, launch = fingerprint_diff(base, slower_memory)
     assert copy["figure"] == "copy_gb_per_s" and copy["differs"] and round(copy["change_pct"], 1) == -10.0
     assert copy["noise_pct"] == 5.0 and not launch["differs"]  # the floor: a 0.5% spread is not the noise
-    text = as_markdown(Side("a", base, "a"), Side("b", slower_memory, "b"), [], [], {}, 0.03)
+    text = as_markdown(Side("a", base, "a"), Side("b", slower_memory, "b"), [], [], {}, 0.03,
+                       fingerprint_diff(base, slower_memory))
     assert "copy_gb_per_s 4005 → 3605 GB/s (-10.0%, noise ±5.0%)" in text
     assert "They differ beyond their noise in copy_gb_per_s" in text

@@ -138,11 +138,13 @@ def fingerprint_diff(base: list[JobRecord], cand: list[JobRecord]) -> list[dict]
     return rows
 
 
-def as_markdown(baseline: Side, candidate: Side, pairs, unmatched, env: dict, threshold: float) -> str:
+def as_markdown(baseline: Side, candidate: Side, pairs, unmatched, env: dict, threshold: float,
+                prints: list[dict]) -> str:
+    """`env`: environment_diff's; `prints`: fingerprint_diff's."""
     lines = [f"# compare {baseline.given} → {candidate.given}", ""]
     if env:
         lines += ["Environments differ: " + "; ".join(f"{k}: {', '.join(b)} → {', '.join(c)}" for k, (b, c) in env.items()), ""]
-    if prints := fingerprint_diff(baseline.records, candidate.records):
+    if prints:
         differ = [p["figure"] for p in prints if p["differs"]]
         lines += ["GPU fingerprints (baseline → candidate): " + "; ".join(
             f"{p['figure']} {p['baseline']:.4g} → {p['candidate']:.4g} {p['unit']} ({p['change_pct']:+.1f}%, noise "
@@ -159,14 +161,14 @@ def as_markdown(baseline: Side, candidate: Side, pairs, unmatched, env: dict, th
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: Path, text: str, pairs, unmatched, env: dict, fingerprints: list[dict] | None = None) -> list[Path]:
+def write(out_dir: Path, text: str, pairs, unmatched, env: dict, prints: list[dict]) -> list[Path]:
     from harness.analysis.report import ratio_plot  # matplotlib: only when writing
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.md").write_text(text)
     data = {"pairs": [asdict(p) for p in pairs], "environment_differs": {k: list(v) for k, v in env.items()},
             "unmatched": [dict(side=s, label=label, why=why) for s, label, why in unmatched],
-            "gpu_fingerprints": fingerprints or []}
+            "gpu_fingerprints": list(prints)}
     (out_dir / "compare.json").write_text(json.dumps(data, indent=2))
     made = [out_dir / "compare.md", out_dir / "compare.json"]
     return made + ([ratio_plot(pairs, out_dir / "compare.png")] if pairs else [])
@@ -188,10 +190,10 @@ def run(uri: str, baseline: str, candidate: str, ignore: list[str], threshold: f
     base, cand = load_side(uri, baseline), load_side(uri, candidate)
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-compare-"))
     pairs, unmatched = compare(base.records, cand.records, ignore, threshold)
-    env = environment_diff(base.records, cand.records, ignore)
-    text = as_markdown(base, cand, pairs, unmatched, env, threshold)
+    env, prints = environment_diff(base.records, cand.records, ignore), fingerprint_diff(base.records, cand.records)
+    text = as_markdown(base, cand, pairs, unmatched, env, threshold, prints)
     print(text)
-    files = write(out_dir, text, pairs, unmatched, env, fingerprint_diff(base.records, cand.records))
+    files = write(out_dir, text, pairs, unmatched, env, prints)
     where = f"wrote {', '.join(p.name for p in files)} in {out_dir}"
     if cand.parent_run_id:
         for path in files:
