@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.modes import MODES
+
 # The keys that name a run's variant, dotted as in a run's MLflow params
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
 LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
+FUSED_SWITCHES = ("fused.pdl", "fused.split_k", "fused.packed")  # mode=fused's techniques, named when off
 INDUCTOR = "inductor."  # the prefix of a run's Inductor options (`inductor.epilogue_fusion`), each named in full
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 
@@ -30,7 +33,7 @@ def _extra(flat: Mapping[str, Any], varying) -> list[str]:
     """`key=value` for each varying key that the label does not show otherwise (dtype, seed, decode_tokens, ...)."""
     shown = (*LABEL_KEYS,)
     return [f"{k}={getattr(flat.get(k), 'value', flat.get(k))}" for k in varying
-            if k not in shown and not k.startswith(INDUCTOR) and k in flat]
+            if k not in shown and k not in FUSED_SWITCHES and not k.startswith(INDUCTOR) and k in flat]
 
 
 def run_variant(flat: Mapping[str, Any], varying=()) -> str:
@@ -39,10 +42,12 @@ def run_variant(flat: Mapping[str, Any], varying=()) -> str:
     read from a config; then the other keys its sweep varies (`eager dtype=fp32`), so that no two runs of a
     sweep share a name."""
     mode, steps, fused, attn, compile_mode = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
+    own_attention = MODES[mode].attention if mode in MODES else None  # mode=fused's is triton-decode, always
     extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
               compile_mode if compile_mode not in _UNSET else "",
               "fused" if fused.lower() == "true" else "",
-              attn if attn not in (*_UNSET, "sdpa") else ""]
+              attn if attn not in (*_UNSET, "sdpa", own_attention) else "",
+              *(f"{key.split('.')[1]}=off" for key in FUSED_SWITCHES if str(flat.get(key)).lower() == "false")]
     inductor = [f"{key[len(INDUCTOR):]}={value}" for key, value in sorted(flat.items()) if key.startswith(INDUCTOR)]
     return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras), *inductor, *_extra(flat, varying)])
 

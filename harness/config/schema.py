@@ -23,7 +23,7 @@ from omegaconf import MISSING, OmegaConf
 
 from harness.kernels import ATTENTION
 from harness.modes import MODES
-from harness.config.labels import INDUCTOR, LABEL_KEYS, run_label
+from harness.config.labels import FUSED_SWITCHES, INDUCTOR, LABEL_KEYS, run_label
 from harness.record import flatten
 
 
@@ -88,6 +88,18 @@ class ModelConfig:
 
 
 @dataclass
+class FusedConfig:
+    """mode=fused's techniques, each on by default; off for an ablation (`fused.pdl=false`)."""
+
+    pdl: bool = True  # programmatic dependent launch on every kernel (on a GPU)
+    split_k: bool = True  # split a product's K where its column blocks alone cannot fill the GPU
+    packed: bool = True  # weights in tile-major order, each program's tiles contiguous (off: row-major)
+
+
+FUSED_FAMILIES = ("llama", "qwen3")  # the model types whose dense decoder layer mode=fused computes
+
+
+@dataclass
 class TrackingConfig:
     # None: $MLFLOW_TRACKING_URI if set, else the embedded SQLite store under ./mlruns
     uri: Optional[str] = None
@@ -125,6 +137,7 @@ class RunConfig:
     compile_mode: Optional[str] = None  # torch.compile mode for the compiled modes; None: the mode's default
     # torch._inductor.config options for the compiled modes, over compile_mode's own: +inductor.KEY=VALUE
     inductor: Dict[str, Any] = field(default_factory=dict)
+    fused: FusedConfig = field(default_factory=FusedConfig)  # mode=fused's switches
     resume: bool = False  # skip a job whose identical config already has a FINISHED run in the store
     profile: bool = False  # after the timed steps, profile a few more (kernels, busy/idle, trace)
     profile_steps: int = 8
@@ -181,6 +194,27 @@ class RunConfig:
                      f"compile_mode={self.compile_mode} is invalid for mode={self.mode}: "
                      + (f"use one of {', '.join(allowed)}" if allowed else "only the compiled modes take it"))
         self._check_inductor_options()
+        self._check_fused()
+
+    def _check_fused(self) -> None:
+        """mode=fused computes decode attention by attn=triton-decode's kernel (the default sdpa becomes it) and
+        covers dense Llama and Qwen3 layers: another model is refused here, before anything is built."""
+        own = MODES[self.mode].attention
+        if own is not None:
+            self.attn = own if self.attn == "sdpa" else self.attn
+            _require(self.attn == own, f"attn={self.attn} is invalid with mode={self.mode}: its kernels compute "
+                                       f"decode attention as attn={own} does; leave attn out or use attn={own}")
+        if self.mode != "fused":
+            changed = [f"fused.{k}" for k, v in dataclasses.asdict(self.fused).items()
+                       if getattr(FusedConfig(), k) != v]
+            _require(not changed, f"{', '.join(changed)} applies to mode=fused only, not mode={self.mode}")
+            return
+        model = self.model
+        _require(model.model_type in FUSED_FAMILIES and not model.extra.get("num_experts"),
+                 f"model={model.name} (model_type={model.model_type}) is not covered by mode=fused: it computes "
+                 f"dense {' and '.join(FUSED_FAMILIES)} decoder layers; use mode=compiled for this model")
+        _require(not model.fuse_projections, "model.fuse_projections=true is invalid with mode=fused: "
+                                              "it packs its projections itself; leave it out")
 
     def _check_inductor_options(self) -> None:
         # `+inductor.triton.cudagraphs=false` composes as {triton: {cudagraphs: false}}: Inductor's name is dotted
@@ -221,7 +255,7 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return run_label({**{key: attrgetter(key)(self) for key in LABEL_KEYS},
+        return run_label({**{key: attrgetter(key)(self) for key in (*LABEL_KEYS, *FUSED_SWITCHES)},
                           **{f"{INDUCTOR}{key}": value for key, value in self.inductor.items()}})
 
 

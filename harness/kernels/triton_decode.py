@@ -22,8 +22,11 @@ TARGET_PROGRAMS = 264  # about two per SM of an H200 (132): the split count aims
 @triton.jit
 def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
               GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-              SPLITS: tl.constexpr, IEEE: tl.constexpr):
+              SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PDL:  # mode=fused launches it with programmatic dependent launch: wait for the kernel before it
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     valid = tl.load(Pos).to(tl.int32) + 1
     chunk = tl.cdiv(tl.cdiv(valid, SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -59,8 +62,12 @@ def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_sl
 
 
 @triton.jit
-def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+           PDL: tl.constexpr = False):
     row, head = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     base = (row * HEADS + head) * SPLITS
     s, d = tl.arange(0, SPLITS), tl.arange(0, D)
     m = tl.load(M + base + s)

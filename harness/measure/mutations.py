@@ -12,7 +12,10 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token")
+# inside mode=fused's own kernels, which patching the model's modules cannot reach: RoPE one position ahead in
+# decode (prefill right), and the new token's K/V never appended to the cache
+FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost")
+KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *FUSED_KERNEL_FAULTS)
 
 
 def requested() -> str | None:
@@ -41,6 +44,10 @@ def patched(model, kind: str):
         attend = ALL_ATTENTION_FUNCTIONS[name]
         ALL_ATTENTION_FUNCTIONS[name] = lambda m, q, k, v, mask, **kw: attend(m, q, k, v, _without_newest(mask), **kw)
         with _restoring(lambda: ALL_ATTENTION_FUNCTIONS._local_mapping.pop(name, None)):
+            yield
+    elif kind in FUSED_KERNEL_FAULTS:  # read by mode=fused's prepare, which builds the kernels with the fault
+        model.harness_fused_fault = kind
+        with _restoring(lambda: delattr(model, "harness_fused_fault")):
             yield
     else:
         yield

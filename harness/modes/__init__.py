@@ -17,6 +17,7 @@ class ModeSpec:
     target: str  # "module:Class" of its DecodeMode, imported only when a job runs it
     graph_steps: bool = False  # its own graphs can hold several decode steps (graph_steps > 1)
     compile_modes: tuple[str, ...] = ()  # torch.compile modes it takes; the first is its default
+    attention: str | None = None  # the attention backend its own kernels compute decode attention as, if any
 
     def mode_class(self) -> type:
         return load(self.target)
@@ -33,3 +34,4 @@ register(ModeSpec("compiled-nograph", "harness.modes.compiled:CompiledNoGraphMod
                   compile_modes=("default", "max-autotune-no-cudagraphs")))
 register(ModeSpec("compiled", "harness.modes.compiled:CompiledMode",
                   compile_modes=("reduce-overhead", "max-autotune")))
+register(ModeSpec("fused", "harness.modes.fused:FusedMode", attention="triton-decode"))

@@ -1,0 +1,88 @@
+"""Where a fused decode step's time goes: each kernel of mode=fused's step, its time a call and a step, and the
+bandwidth it reaches on the bytes it must read (weights; K/V of the valid prefix), from torch.profiler over replays
+of the captured step; then the step's time by CUDA events and the GPU's idle share of it. On a CUDA GPU:
+    python benchmarks/fused_kernels.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384 [fused.pdl=false ...]
+"""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+
+import torch
+from hydra import compose, initialize_config_dir
+from torch.profiler import ProfilerActivity, profile
+
+from harness.clock import cuda_event_ms
+from harness.config.schema import CONF_DIR
+from harness.config.validate import to_run_config
+from harness.measure.job import seeded_prompt
+from harness.models import get_model
+from harness.modes.fused import FusedMode
+
+LAYER_KERNELS = ("qkv (norm, matvec)", "rope + K/V append", "attention split-KV", "attention merge",
+                 "o_proj", "gate/up (norm, matvec, SiLU)", "down_proj")
+STEPS = 50
+
+
+def weight_bytes(decoder) -> dict[str, float]:
+    """Bytes each product reads a step: its weight (the packed copy's padding is zeros it also reads)."""
+    per = defaultdict(float)
+    for layer in decoder.layers:
+        for name, product in zip(("qkv (norm, matvec)", "o_proj", "gate/up (norm, matvec, SiLU)", "down_proj"),
+                                 (layer.qkv, layer.o, layer.gate_up, layer.down)):
+            per[name] += product.n * product.k * product.weight.element_size()
+    per["final norm + lm_head"] = decoder.lm_head.n * decoder.lm_head.k * decoder.lm_head.weight.element_size()
+    return per
+
+
+def kernel_times(stepper, per_step: int) -> dict[str, list[float]]:
+    """µs of every launch over STEPS replays, by its place in the step."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            stepper.step()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    events = [e for e in events if not e.name.lower().startswith(("memcpy", "memset"))]
+    assert len(events) == STEPS * per_step, f"{len(events)} kernels in {STEPS} steps, expected {per_step} a step"
+    times = defaultdict(list)
+    for i, event in enumerate(events):
+        place = i % per_step
+        name = "final norm + lm_head" if place == per_step - 1 else LAYER_KERNELS[place % len(LAYER_KERNELS)]
+        times[name].append(event.time_range.end - event.time_range.start)
+    return times
+
+
+def main(overrides: list[str]) -> None:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = to_run_config(compose(config_name="config", overrides=["mode=fused", *overrides]))
+    device = torch.device("cuda")
+    model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
+    prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
+    with torch.inference_mode():
+        stepper = FusedMode().prepare(model, prompt, cfg)
+        stepper.restart(prompt)
+        for _ in range(10):
+            stepper.step()
+        step_ms = sorted(cuda_event_ms(stepper.step, STEPS))[STEPS // 2]  # the median step
+        stepper.rewind()
+        times = kernel_times(stepper, stepper.decoder.kernels_per_step())
+    report(cfg, stepper, times, step_ms)
+
+
+def report(cfg, stepper, times: dict[str, list[float]], step_ms: float) -> None:
+    weights = weight_bytes(stepper.decoder)
+    busy_us = sum(map(sum, times.values())) / STEPS
+    print(f"\n{cfg.label} ({stepper.tags['fused']}): {step_ms * 1e3:.1f} µs a step (median of {STEPS} replays, CUDA events), "
+          f"{stepper.decoder.kernels_per_step()} kernels, GPU busy {busy_us:.1f} µs, idle {1 - busy_us / (step_ms * 1e3):.0%}")
+    print("| kernel | calls/step | µs/call | µs/step | share | GB/s on weights |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, spans in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+        per_step_us = sum(spans) / STEPS
+        bandwidth = f"{weights[name] / (per_step_us * 1e3):.0f}" if name in weights else "-"
+        print(f"| {name} | {len(spans) // STEPS} | {sum(spans) / len(spans):.2f} | {per_step_us:.1f} | "
+              f"{per_step_us / busy_us:.0%} | {bandwidth} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

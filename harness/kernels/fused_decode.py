@@ -1,0 +1,453 @@
+"""mode=fused's kernels: a dense decoder layer's decode step in five Triton kernels of its own and the split-KV
+attention of attn=triton-decode (two), then one for the final norm and lm_head.
+
+Per layer, in launch order:
+1. `_matvec` (QKV): the residual stream (fp32; at layer 0 the embedding rows of the input ids, which it writes as
+   the stream's first value), times the input norm's gain, times q|k|v's packed weights; the 1/rms of the norm is a
+   per-row scale, so the program sums the squares of the input it reads anyway and the consumer applies it. Out:
+   fp32 partial sums (one per K split) and partial sums of squares.
+2. `_rope_append`: sums those, applies 1/rms, Qwen3's q/k RMSNorm and RoPE at the cache position, appends K and V
+   to the cache, writes q for attention.
+3. and 4. attn=triton-decode's split-KV kernel and its merge (harness/kernels/triton_decode.py).
+5. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
+6. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
+   that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
+7. `_matvec` (down): added to the residual stream in place.
+After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
+
+Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
+keeping HBM busy. Each kernel fuses the elementwise work around a matrix-vector product. A product's column blocks
+are narrow (8 columns: many programs, each streaming whole rows of 512 weights), and where they are still too few
+for the GPU its K dimension is split (the splits add atomically into the fp32 residual, or leave partial sums that
+the consumer adds: no extra launch). Weights are packed at prepare time so that each program reads its tiles as
+contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is scheduled while its predecessor
+drains, and loads its first weight tile before it waits for the predecessor's results.
+
+`FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`). On a machine
+without an NVIDIA GPU the kernels run in Triton's interpreter (fp32 products; tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.config.schema import FUSED_FAMILIES
+from harness.kernels.triton_decode import BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, splits_for
+from harness.kernels.triton_runtime import interpreted
+
+# `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
+PLAIN, EMBEDDING = 0, 1
+# its output: fp32 partial sums [splits, rows, n], SiLU(gate)·up of packed pairs, logits (norm applied), or a sum
+# added to the fp32 residual stream in place (atomically where K is split)
+PARTIALS, SWIGLU, LOGITS, ADD = 0, 1, 2, 3
+SMS = 132  # an H200's (and H100's) streaming multiprocessors
+# Programs a product aims at, per SM, splitting K where its column blocks are fewer: at bs=1 on the H200, a program of
+# 8 columns keeps too few loads in flight for HBM below about four per SM (down_proj of Llama-3.2-1B: 1.8 TB/s with
+# one split, 3.4 TB/s with four, docs/benchmarks.md)
+PROGRAMS_PER_SM = 4
+MAX_SPLITS = 8
+FMA_ROWS = 4  # batch rows up to which a product runs on CUDA cores; more take tl.dot (tensor cores)
+INTERPRETED_BN, INTERPRETED_BK = 256, 32
+
+
+@dataclass(frozen=True)
+class FusedOptions:
+    pdl: bool = True  # programmatic dependent launch on every kernel (a Hopper GPU; off on a CPU)
+    split_k: bool = True  # split K where a product has too few column blocks to fill the GPU
+    packed: bool = True  # weights in tile-major order (each program's tiles contiguous); off: row-major
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN: tl.constexpr, BK: tl.constexpr,
+                 PACKED: tl.constexpr):
+    """W's [BN, BK] tile at columns k0 (nothing read at or past k_end: the end of the program's split)."""
+    n_local, k_local = tl.arange(0, BN), tl.arange(0, BK)
+    before_end = (k0 + k_local < k_end)[None, :]
+    if PACKED:  # tile (pid_n, k0 // BK) is BN x BK contiguous values, padded with zeros at pack time
+        tile = pid_n * k_tiles + k0 // BK
+        return tl.load(W + tile * BN * BK + n_local[:, None] * BK + k_local[None, :],
+                       mask=(n_local < BN)[:, None] & before_end, other=0.0)
+    n, k = pid_n * BN + n_local, k0 + k_local
+    return tl.load(W + n[:, None] * k_total + k[None, :], mask=(n < n_total)[:, None] & before_end, other=0.0)
+
+
+@triton.jit
+def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl.constexpr, NORM: tl.constexpr,
+                ROWS: tl.constexpr, BK: tl.constexpr):
+    """The product's input rows [ROWS, BK] at columns k0.., in fp32, and their squares' sum (before the gain)."""
+    r, k = tl.arange(0, ROWS), k0 + tl.arange(0, BK)
+    inside = (r < rows)[:, None] & (k < k_total)[None, :]
+    if INPUT == 1:  # EMBEDDING: the rows of the embedding table that the input ids name, the residual's first value
+        ids = tl.load(Ids + r, mask=r < rows, other=0)
+        x = tl.load(X + ids[:, None] * k_total + k[None, :], mask=inside, other=0.0).to(tl.float32)
+        if pid_n == 0:
+            tl.store(ResOut + r[:, None] * k_total + k[None, :], x, mask=inside)
+    else:
+        x = tl.load(X + r[:, None] * x_row + k[None, :], mask=inside, other=0.0).to(tl.float32)
+    squares = tl.sum(x * x, 1)
+    if NORM:
+        x = x * tl.load(Gain + k, mask=k < k_total, other=0.0).to(tl.float32)[None, :]
+    return x, squares
+
+
+@triton.jit
+def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
+            k_tiles, eps, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr, SPLITS: tl.constexpr,
+            BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr,
+            DOT: tl.constexpr, PDL: tl.constexpr):
+    """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, k_total)
+    w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
+    _pdl_wait(PDL)
+    acc = tl.zeros([ROWS, BN], tl.float32)
+    squares = tl.zeros([ROWS], tl.float32)
+    for k0 in range(k_start, k_end, BK):  # the next tile is loaded before this one is used
+        w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
+        x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
+        squares += sq
+        if DOT:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        else:
+            acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+        w = w_next
+    _pdl_start(PDL)  # every weight is read: the next kernel may start loading its own
+    _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
+           ROWS, BN)
+    if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
+        if pid_n + pid_k == 0:
+            tl.store(Bump, tl.load(Bump) + 1)
+
+
+@triton.jit
+def _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM: tl.constexpr,
+           OUTPUT: tl.constexpr, SPLITS: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
+    r, n = tl.arange(0, ROWS), pid_n * BN + tl.arange(0, BN)
+    inside = (r < rows)[:, None] & (n < n_total)[None, :]
+    at = Out + r[:, None] * n_total + n[None, :]
+    if OUTPUT == 0:  # PARTIALS [SPLITS, rows, n], and the squares' partial sums for the consumer's norm
+        tl.store(at + pid_k * rows * n_total, acc, mask=inside)
+        if NORM:
+            if pid_n == 0:
+                tl.store(SquaresOut + pid_k * rows + r, squares, mask=r < rows)
+    elif OUTPUT == 3:  # ADD to the residual stream in place: each element is this program's alone, or each split's
+        if SPLITS == 1:
+            tl.store(at, tl.load(at, mask=inside, other=0.0) + acc, mask=inside)
+        else:
+            tl.atomic_add(at, acc, mask=inside, sem="relaxed")
+    else:  # the whole K in this program: the norm's 1/rms is known here
+        if NORM:
+            acc = acc * tl.rsqrt(squares / k_total + eps)[:, None]
+        if OUTPUT == 1:  # SWIGLU: the tile's first half of columns is gate, the second up, for the same outputs
+            gate, up = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BN // 2)), (0, 2, 1)))
+            j = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+            act = gate / (1.0 + tl.exp(-gate)) * up
+            tl.store(Out + r[:, None] * out_cols + j[None, :], act.to(Out.dtype.element_ty),
+                     mask=(r < rows)[:, None] & (j < out_cols)[None, :])
+        else:  # LOGITS
+            tl.store(at, acc, mask=inside)
+
+
+@triton.jit
+def _rope_append(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Q, Keys, Values, rows, n_total, hidden, eps,
+                 k_row, k_head, k_slot, v_row, v_head, v_slot,
+                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+                 QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, PDL: tl.constexpr):
+    """One (row, head): q of a query head into Q [rows, HEADS, D]; k and v of a KV head into the cache at the
+    position. Sums QKV's split-K partials and applies the layer norm's 1/rms first."""
+    row, head = tl.program_id(0), tl.program_id(1)
+    _pdl_start(PDL)
+    half = tl.arange(0, D // 2)
+    _pdl_wait(PDL)
+    pos = tl.load(Pos)
+    squares = tl.load(Squares + row)
+    for s in tl.static_range(1, SPLITS):
+        squares += tl.load(Squares + s * rows + row)
+    inv_rms = tl.rsqrt(squares / hidden + eps)
+    is_query = head < HEADS
+    col = tl.where(is_query, head * D, HEADS * D + (head - HEADS) * D)
+    x1, x2 = _summed(Parts, rows, n_total, row, col, half, SPLITS), _summed(Parts, rows, n_total, row, col + D // 2,
+                                                                            half, SPLITS)
+    x1, x2 = x1 * inv_rms, x2 * inv_rms
+    if QK_NORM:  # Qwen3: an RMSNorm over each head's dimensions, before RoPE
+        if is_query:
+            x1, x2 = _head_norm(x1, x2, QNorm, half, eps, D)
+        else:
+            x1, x2 = _head_norm(x1, x2, KNorm, half, eps, D)
+    at = pos + ROPE_SHIFT  # ROPE_SHIFT: 0, or a test's fault
+    cos, sin = tl.load(Cos + at * (D // 2) + half), tl.load(Sin + at * (D // 2) + half)
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # transformers' rotate_half convention
+    if is_query:
+        _store_halves(Q + (row * HEADS + head) * D, y1, y2, half, D)
+    elif APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
+        kv = head - HEADS
+        _store_halves(Keys + row * k_row + kv * k_head + pos * k_slot, y1, y2, half, D)
+        v_col = (HEADS + KV_HEADS) * D + kv * D
+        v1 = _summed(Parts, rows, n_total, row, v_col, half, SPLITS) * inv_rms
+        v2 = _summed(Parts, rows, n_total, row, v_col + D // 2, half, SPLITS) * inv_rms
+        _store_halves(Values + row * v_row + kv * v_head + pos * v_slot, v1, v2, half, D)
+
+
+@triton.jit
+def _store_halves(At, first, second, half, D: tl.constexpr):
+    tl.store(At + half, first.to(At.dtype.element_ty))
+    tl.store(At + D // 2 + half, second.to(At.dtype.element_ty))
+
+
+@triton.jit
+def _head_norm(x1, x2, Gain, half, eps, D: tl.constexpr):
+    r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+    return x1 * r * tl.load(Gain + half).to(tl.float32), x2 * r * tl.load(Gain + D // 2 + half).to(tl.float32)
+
+
+@triton.jit
+def _summed(Parts, rows, n_total, row, col, offsets, SPLITS: tl.constexpr):
+    total = tl.load(Parts + row * n_total + col + offsets)
+    for s in tl.static_range(1, SPLITS):
+        total += tl.load(Parts + (s * rows + row) * n_total + col + offsets)
+    return total
+
+
+@dataclass(frozen=True)
+class Product:
+    """One matrix-vector product's launch plan and its weights as the kernel reads them."""
+
+    weight: torch.Tensor
+    n: int  # output columns (gate/up: both halves)
+    k: int
+    bn: int
+    bk: int
+    splits: int
+    dot: bool
+    packed: bool
+    warps: int = 4
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return triton.cdiv(self.n, self.bn), self.splits
+
+    @property
+    def k_tiles(self) -> int:
+        return triton.cdiv(self.k, self.bk)
+
+
+def tile_sizes(rows: int, n: int, k: int, dot: bool) -> tuple[int, int, int]:
+    """(BN, BK, warps). On CUDA cores (rows <= FMA_ROWS) 8 columns x 512 of K, two warps a row: the fastest of 144
+    shapes at bs=1 on the H200 (2.1-3.4 TB/s on Llama-3.2-1B's four products, docs/benchmarks.md); on tensor cores
+    16 x 256. In Triton's interpreter, whose cost is per program and per operation, wide column blocks and narrow K
+    tiles, so that a tiny model's products still run split and over several tiles (the paths the tests check)."""
+    if interpreted():
+        return min(INTERPRETED_BN, triton.next_power_of_2(n)), min(INTERPRETED_BK, triton.next_power_of_2(k)), 1
+    if dot:
+        return 16, min(256, triton.next_power_of_2(k)), 4
+    return 8, min(512, triton.next_power_of_2(k)), 2 * triton.next_power_of_2(rows)
+
+
+def split_count(n: int, k: int, bn: int, bk: int, allowed: bool) -> int:
+    """K splits where the column blocks alone are too few: a power of two that brings the programs to at least
+    PROGRAMS_PER_SM per SM and leaves whole tiles per split."""
+    blocks, splits = triton.cdiv(n, bn), 1
+    while allowed and splits < MAX_SPLITS and blocks * splits < PROGRAMS_PER_SM * SMS and k % (2 * splits * bk) == 0:
+        splits *= 2
+    return splits
+
+
+def pack(weight: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
+    """[n, k] row-major -> tile-major: tile (i, j) of bn x bk values contiguous, zeros where it passes the edges."""
+    n, k = weight.shape
+    padded = weight.new_zeros(triton.cdiv(n, bn) * bn, triton.cdiv(k, bk) * bk)
+    padded[:n, :k] = weight
+    return padded.view(padded.shape[0] // bn, bn, padded.shape[1] // bk, bk).transpose(1, 2).contiguous()
+
+
+def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor:
+    """gate and up [i, k] as one [2 * i', k] weight whose each block of 2 * half rows is `half` rows of gate then the
+    same rows of up (i padded to whole halves with zeros): one program computes both for the same outputs."""
+    i, k = gate.shape
+    padded = triton.cdiv(i, half) * half
+    both = gate.new_zeros(padded // half, 2, half, k)
+    both[: i // half, 0], both[: i // half, 1] = gate[: i // half * half].view(-1, half, k), up[: i // half * half].view(-1, half, k)
+    if i % half:
+        both[i // half, 0, : i % half], both[i // half, 1, : i % half] = gate[i // half * half:], up[i // half * half:]
+    return both.view(2 * padded, k)
+
+
+def plan(weight: torch.Tensor, rows: int, options: FusedOptions, splittable: bool) -> Product:
+    """How to run x @ weight.T for `rows` rows, and the weight as the kernel reads it."""
+    n, k = weight.shape
+    dot = rows > FMA_ROWS and not interpreted()
+    bn, bk, warps = tile_sizes(rows, n, k, dot)
+    splits = split_count(n, k, bn, bk, options.split_k and splittable)
+    return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits, dot,
+                   options.packed, warps)
+
+
+def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, rows: int, options: FusedOptions) -> Product:
+    """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
+    k = gate.shape[1]
+    dot = rows > FMA_ROWS and not interpreted()
+    bn, bk, warps = tile_sizes(rows, 2 * gate.shape[0], k, dot)
+    paired = pair_blocks(gate, up, bn // 2)
+    return Product(pack(paired, bn, bk) if options.packed else paired, paired.shape[0], k, bn, bk, 1, dot,
+                   options.packed, warps)
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights as the kernels read them."""
+
+    attn_norm: torch.Tensor
+    qkv: Product
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: Product
+    mlp_norm: torch.Tensor
+    gate_up: Product
+    down: Product
+
+
+def family_problem(model: torch.nn.Module) -> str | None:
+    """Why the fused kernels cannot compute this model's decode step, or None: a dense Llama or Qwen3 layer, with
+    no biases and a power-of-two head size, as transformers builds it."""
+    config = model.config
+    if config.model_type not in FUSED_FAMILIES:
+        return f"model_type={config.model_type} (mode=fused computes {', '.join(FUSED_FAMILIES)} decoder layers)"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim != triton.next_power_of_2(head_dim):
+        return f"head_dim={head_dim} (the fused kernels need a power of two)"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act={config.hidden_act} (the fused MLP computes SiLU)"
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            return f"{name} has a bias (the fused products have none)"
+        if type(module).__name__ in ("SharedInputLinear", "SliceOf"):
+            return "model.fuse_projections=true (mode=fused packs its projections itself)"
+    return None
+
+
+
+class FusedDecoder:
+    """The weights packed, the buffers allocated and one decode step launched: `step()` reads the input ids
+    [rows, 1] and the cache position, appends to the cache, writes the logits [rows, vocab] (fp32) and advances
+    every layer's position. `fault`: a test's fault inside the kernels ("fused_rope_off_by_one", "kv_append_lost")."""
+
+    def __init__(self, model, cache, input_ids: torch.Tensor, options: FusedOptions, fault: str | None = None):
+        config, rows = model.config, input_ids.shape[0]
+        self.options, self.cache, self.input_ids, self.rows = options, cache, input_ids, rows
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = cache.layers[0].keys.shape[-1]
+        self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
+        self.scale = model.model.layers[0].self_attn.scaling
+        self.rope_shift, self.append = int(fault == "fused_rope_off_by_one"), fault != "kv_append_lost"
+        with torch.no_grad():
+            self.layers = [self._layer(layer, rows) for layer in model.model.layers]
+            self.embedding = model.model.embed_tokens.weight
+            self.final_norm = model.model.norm.weight
+            self.lm_head = plan(model.lm_head.weight, rows, options, splittable=False)
+            self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
+        self._buffers(cache.layers[0].keys)
+
+    def _layer(self, layer, rows: int) -> Layer:
+        attn, mlp, opts = layer.self_attn, layer.mlp, self.options
+        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        norms = [getattr(getattr(attn, name, None), "weight", None) for name in ("q_norm", "k_norm")]
+        return Layer(layer.input_layernorm.weight, plan(qkv, rows, opts, splittable=True), *norms,
+                     plan(attn.o_proj.weight, rows, opts, splittable=True), layer.post_attention_layernorm.weight,
+                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, rows, opts),
+                     plan(mlp.down_proj.weight, rows, opts, splittable=True))
+
+    def _buffers(self, like: torch.Tensor) -> None:
+        rows, first = self.rows, self.layers[0]
+        f32 = dict(device=like.device, dtype=torch.float32)
+        self.residual = torch.zeros(rows, self.hidden, **f32)  # the residual stream, in fp32, added to in place
+        self.qkv_parts = torch.zeros(first.qkv.splits, rows, first.qkv.n, **f32)
+        self.squares = torch.zeros(first.qkv.splits, rows, **f32)
+        self.q = torch.zeros(rows, self.heads, self.head_dim, device=like.device, dtype=like.dtype)
+        self.attn_out = torch.zeros(rows, self.heads * self.head_dim, device=like.device, dtype=like.dtype)
+        self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
+        self.logits = torch.zeros(rows, self.lm_head.n, **f32)
+        splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len)
+        self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
+        self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
+
+    def kernels_per_step(self) -> int:
+        return 7 * len(self.layers) + 1
+
+    def step(self) -> torch.Tensor:
+        position = self.cache.layers[0].cumulative_length
+        for index, (layer, kv) in enumerate(zip(self.layers, self.cache.layers)):
+            if index == 0:  # the embedding rows of the input ids are the residual stream's first value
+                self._product(layer.qkv, self.qkv_parts, self.embedding, input=EMBEDDING, gain=layer.attn_norm)
+            else:
+                self._product(layer.qkv, self.qkv_parts, self.residual, gain=layer.attn_norm)
+            self._rope_append(layer, kv, position)
+            self._attend(kv, position)
+            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=kv.cumulative_length if index else None)
+            self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
+            self._product(layer.down, self.residual, self.act, output=ADD)
+        self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
+        return self.logits
+
+    def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
+                 output=PARTIALS, bump=None) -> None:
+        """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight."""
+        rows = triton.next_power_of_2(self.rows)
+        _matvec[product.grid](
+            x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
+            self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
+            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, INPUT=input, NORM=gain is not None,
+            OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows,
+            BN=product.bn, BK=product.bk, PACKED=product.packed, DOT=product.dot, num_warps=product.warps,
+            **self._launch())
+
+    def _launch(self) -> dict:
+        return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)
+
+    def _rope_append(self, layer: Layer, kv, position: torch.Tensor) -> None:
+        keys, values = kv.keys, kv.values
+        norms = [self.q if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        _rope_append[(self.rows, self.heads + self.kv_heads)](
+            self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, self.q, keys, values, self.rows,
+            layer.qkv.n, self.hidden, self.eps, keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
+            values.stride(1), values.stride(2), HEADS=self.heads, KV_HEADS=self.kv_heads, D=self.head_dim,
+            SPLITS=layer.qkv.splits, QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift,
+            APPEND=self.append, **self._launch())
+
+    def _attend(self, kv, position: torch.Tensor) -> None:
+        """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""
+        keys, values, q, group = kv.keys, kv.values, self.q, self.heads // self.kv_heads
+        splits = self.attn_acc.shape[2]
+        _split_kv[(self.rows, self.kv_heads, splits)](
+            q, keys, values, position, self.attn_acc, self.attn_max, self.attn_sum, self.scale, q.stride(0),
+            q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1),
+            values.stride(2), GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=self.head_dim,
+            BLOCK_N=ATTN_BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32 or interpreted(), **self._launch())
+        _merge[(self.rows, self.heads)](self.attn_acc, self.attn_max, self.attn_sum, self.attn_out,
+                                        self.attn_out.stride(0), self.head_dim, HEADS=self.heads, D=self.head_dim,
+                                        SPLITS=splits, **self._launch())
+
+
+def rotary_tables(model, positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions + 1, head_dim / 2] in fp32, from the model's own rotary embedding (its scaling
+    included); each half of transformers' tables repeats the other. One more position than the cache holds: a
+    test's fault reads one ahead."""
+    position_ids = torch.arange(positions + 1, device=device)[None]
+    cos, sin = model.model.rotary_emb(torch.zeros(1, device=device, dtype=torch.float32), position_ids)
+    half = cos.shape[-1] // 2
+    return cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous()

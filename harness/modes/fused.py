@@ -1,0 +1,72 @@
+"""mode=fused: the decode step as the harness's own fused kernels (harness/kernels/fused_decode.py), captured in
+one CUDA graph and replayed once per token, each launch overlapping the last through programmatic dependent launch.
+
+The model is transformers' own, used for prefill and for the references; its weights are packed once, at prepare
+(not timed). Decode reads and writes the same StaticCache as every other mode, so prefill, rewind and verification
+are the shared ones. On a machine without a GPU the kernels run in Triton's interpreter, launched one by one (no
+graph): the tests check them there, on tiny models, against eager and fp32.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from harness.modes.base import CaptureError, DecodeMode
+from harness.modes.graphed import GraphedStepper
+
+
+class FusedStepper(GraphedStepper):
+    def __init__(self, model, prompt, cache_len, options, fault: str | None = None):
+        super().__init__(model, prompt, cache_len)
+        from harness.kernels.fused_decode import FusedDecoder  # Triton: imported by the jobs that run this mode
+
+        start = time.perf_counter()
+        self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, fault)
+        self.metrics.update(pack_ms=(time.perf_counter() - start) * 1e3,
+                            kernel_launches_per_step=float(self.decoder.kernels_per_step()))
+        self.tags["fused"] = " ".join(f"{name}={'on' if getattr(options, name) else 'off'}"
+                                      for name in ("pdl", "split_k", "packed"))
+
+    def forward(self) -> torch.Tensor:
+        return self.decoder.step()
+
+    def prepare(self, prompt: torch.Tensor) -> FusedStepper:
+        """Capture on a GPU (warm-up first: Triton compiles each kernel at its first launch); on a CPU, launch."""
+        if prompt.is_cuda:
+            return self.capture(prompt)
+        self.tags["captured"] = "no: Triton's interpreter on a CPU launches the kernels one by one"
+        return self
+
+    def step(self) -> torch.Tensor:
+        if self.graph is None:
+            return self.forward()[: self.bs]
+        self.graph.replay()
+        return self.logits
+
+
+class FusedMode(DecodeMode):
+    """Hand-fused Triton kernels (7 a layer), captured in a CUDA graph with programmatic dependent launch."""
+
+    name = "fused"
+    exact = False  # its own kernels and fp32 accumulation: judged against fp32, as the compiled modes
+
+    def check(self, device):
+        if device.type != "cuda":
+            from harness.kernels.triton_runtime import interpreted, interpreter_ready
+
+            if not (interpreted() and interpreter_ready()):
+                return ("mode=fused runs Triton kernels: on a CUDA GPU, or on a CPU in Triton's interpreter from the "
+                        "start of the process on a machine without an NVIDIA GPU (run through `harness`)")
+        return None
+
+    def prepare(self, model, prompt, cfg):
+        from harness.kernels.fused_decode import FusedOptions, family_problem
+
+        if (problem := family_problem(model)) is not None:
+            raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
+        options = FusedOptions(pdl=cfg.fused.pdl and prompt.is_cuda, split_k=cfg.fused.split_k,
+                               packed=cfg.fused.packed)
+        # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
+        fault = getattr(model, "harness_fused_fault", None)
+        return FusedStepper(model, prompt, cfg.cache_len, options, fault).prepare(prompt)

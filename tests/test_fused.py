@@ -1,0 +1,118 @@
+"""mode=fused: its kernels (in Triton's interpreter here) against eager and fp32, the job verified, the faults that a
+fused kernel can hide failing the run, and what the config refuses before anything is built."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import models
+from harness.config.schema import ConfigError
+from harness.kernels.fused_decode import FusedDecoder, FusedOptions, pack, pair_blocks, split_count
+from harness.measure.job import measure, seeded_prompt
+from harness.modes.base import Stepper
+from tests.support import FAST, run_config
+
+FUSED = (*FAST, "device=cpu", "dtype=fp32", "bs=2", "mode=fused")
+LLAMA = ("model.model_type=llama", "+model.extra.rope_scaling={rope_type: llama3, factor: 8.0, high_freq_factor: 4.0, "
+         "low_freq_factor: 1.0, original_max_position_embeddings: 16}")  # tiny's sizes, Llama-3's layer and RoPE
+
+
+def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
+    """A tiny fp32 model's eager stepper and a fused decoder over a second prefilled cache of the same prompt."""
+    cfg = run_config(*FUSED, *overrides)
+    model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    return eager, run, FusedDecoder(model, run.cache, run.static_ids, options)
+
+
+@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("options", [FusedOptions(pdl=False), FusedOptions(pdl=False, split_k=False, packed=False)],
+                         ids=["split-packed", "plain"])
+def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
+    eager, run, decoder = fused_and_eager(*family, options=options)
+    assert eager.model.config.model_type == ("llama" if family else "qwen3")
+    assert decoder.layers[0].down.splits > 1 if options.split_k else decoder.layers[0].down.splits == 1
+    start = eager.context_len
+    with torch.inference_mode():
+        for step in range(4):  # teacher-forced: both fed eager's choice
+            want, got = eager.step(), decoder.step()
+            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
+            token = want.argmax(-1, keepdim=True)
+            eager.input_ids.copy_(token)
+            run.input_ids.copy_(token)
+    for ours, theirs in zip(run.cache.layers, eager.cache.layers):  # the new tokens' K/V, appended where eager's are
+        assert int(ours.cumulative_length) == int(theirs.cumulative_length) == start + 4
+        assert torch.allclose(ours.keys[:, :, : start + 4], theirs.keys[:, :, : start + 4], atol=1e-5)
+        assert torch.allclose(ours.values[:, :, : start + 4], theirs.values[:, :, : start + 4], atol=1e-5)
+
+
+def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
+    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
+    m, tags = result.metrics, result.mode_tags
+    assert result.failure is None and m["verified"] == 1.0, result.failure
+    assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
+    assert m["kernel_launches_per_step"] == 7 * 2 + 1
+    assert tags["fused"] == "pdl=off split_k=on packed=on" and tags["captured"].startswith("no: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])
+def test_a_fault_inside_a_fused_kernel_fails_the_run(monkeypatch, kind):
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
+    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
+    assert result.failure is not None and result.metrics["verified"] == 0.0, kind
+    assert result.mode_tags["mutation"] == kind
+
+
+def test_a_fault_inside_a_fused_kernel_changes_what_it_computes():
+    """The faults the run must catch do change the step (so the job tests above test the check, not a no-op)."""
+    eager, run, decoder = fused_and_eager()
+    with torch.inference_mode():
+        want = eager.step()
+        decoder.rope_shift = 1
+        assert not torch.allclose(decoder.step(), want, atol=1e-3)
+        run.rewind()
+        for layer in run.cache.layers:
+            layer.keys[:, :, eager.context_len] = 0  # what the shifted step appended
+        decoder.rope_shift, decoder.append = 0, False
+        decoder.step()
+    assert all(layer.keys[:, :, eager.context_len].abs().max() == 0 for layer in run.cache.layers)  # never appended
+
+
+def test_packing_puts_each_program_tile_in_one_contiguous_run():
+    weight = torch.arange(6 * 5, dtype=torch.float32).view(6, 5)
+    tiles = pack(weight, 4, 2)  # 2 x 3 tiles of 4 x 2, zeros past the edges
+    assert tiles.shape == (2, 3, 4, 2)
+    assert torch.equal(tiles[1, 2, :2, :1], weight[4:6, 4:5]) and tiles[1, 2, 2:].abs().sum() == 0
+    assert torch.equal(tiles[0, 1], weight[0:4, 2:4])
+
+
+def test_gate_and_up_are_paired_block_by_block():
+    gate, up = torch.full((6, 3), 1.0), torch.full((6, 3), 2.0)
+    gate[:, 0], up[:, 0] = torch.arange(6), 10 + torch.arange(6)
+    paired = pair_blocks(gate, up, 4)  # 6 rows of each in blocks of 4: the second block padded with zeros
+    assert paired.shape == (16, 3)
+    assert paired[:4, 0].tolist() == [0, 1, 2, 3] and paired[4:8, 0].tolist() == [10, 11, 12, 13]
+    assert paired[8:10, 0].tolist() == [4, 5] and paired[12:14, 0].tolist() == [14, 15]
+    assert paired[10:12].abs().sum() == 0 and paired[14:].abs().sum() == 0
+
+
+def test_k_is_split_only_where_column_blocks_are_too_few():
+    assert split_count(n=2048, k=8192, bn=8, bk=512, allowed=True) == 4  # 256 blocks -> 1024 programs
+    assert split_count(n=2048, k=8192, bn=8, bk=512, allowed=False) == 1
+    assert split_count(n=16384, k=2048, bn=8, bk=512, allowed=True) == 1  # 2048 blocks fill the GPU
+    assert split_count(n=1024, k=1024, bn=8, bk=512, allowed=True) == 2  # no split of less than a whole tile
+
+
+def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
+    cfg = run_config(*FUSED, "fused.pdl=false")
+    assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")
+    with pytest.raises(ConfigError, match=r"^model=qwen3-30b-a3b \(model_type=qwen3_moe\) is not covered by mode=fused"):
+        run_config("mode=fused", "model=qwen3-30b-a3b")
+    with pytest.raises(ConfigError, match="^attn=flex is invalid with mode=fused: .* use attn=triton-decode$"):
+        run_config(*FUSED, "attn=flex")
+    with pytest.raises(ConfigError, match="^fused.split_k applies to mode=fused only, not mode=eager$"):
+        run_config(*FAST, "fused.split_k=false")
+    with pytest.raises(ConfigError, match="^model.fuse_projections=true is invalid with mode=fused"):
+        run_config(*FUSED, "model.fuse_projections=true")
