@@ -2,6 +2,10 @@
 fused kernel can hide failing the run, and what the config refuses before anything is built."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -10,7 +14,7 @@ from harness.config.schema import ConfigError
 from harness.kernels.fused_decode import FusedDecoder, FusedOptions, pack, pair_blocks, split_count
 from harness.measure.job import measure, seeded_prompt
 from harness.modes.base import Stepper
-from tests.support import FAST, run_config
+from tests.support import FAST, REPO, run_config
 
 FUSED = (*FAST, "device=cpu", "dtype=fp32", "bs=2", "mode=fused")
 LLAMA = ("model.model_type=llama", "+model.extra.rope_scaling={rope_type: llama3, factor: 8.0, high_freq_factor: 4.0, "
@@ -99,10 +103,12 @@ def test_gate_and_up_are_paired_block_by_block():
 
 
 def test_k_is_split_only_where_column_blocks_are_too_few():
-    assert split_count(n=2048, k=8192, bn=8, bk=512, allowed=True) == 4  # 256 blocks -> 1024 programs
-    assert split_count(n=2048, k=8192, bn=8, bk=512, allowed=False) == 1
-    assert split_count(n=16384, k=2048, bn=8, bk=512, allowed=True) == 1  # 2048 blocks fill the GPU
-    assert split_count(n=1024, k=1024, bn=8, bk=512, allowed=True) == 2  # no split of less than a whole tile
+    # Llama-3.2-1B's down_proj in 64-column blocks: 32 blocks, split 8 ways (MAX_SPLITS), unless splits are off
+    assert split_count(n=2048, k=8192, bn=64, bk=128, allowed=True) == 8
+    assert split_count(n=2048, k=8192, bn=64, bk=128, allowed=False) == 1
+    assert split_count(n=2048 * 64, k=2048, bn=64, bk=128, allowed=True) == 1  # an lm_head's 2048 blocks fill the GPU
+    assert split_count(n=256 * 64, k=2048, bn=64, bk=128, allowed=True) == 4  # 256 blocks x 2 is still under 4 an SM
+    assert split_count(n=64, k=256, bn=64, bk=128, allowed=True) == 2  # no split of less than a whole tile
 
 
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
@@ -116,3 +122,42 @@ def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
         run_config(*FAST, "fused.split_k=false")
     with pytest.raises(ConfigError, match="^model.fuse_projections=true is invalid with mode=fused"):
         run_config(*FUSED, "model.fuse_projections=true")
+
+
+AOT_COMPILE = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from harness.kernels.fused_decode import _matvec, _rope_append
+
+ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
+ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles"], "i32")
+names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL"]
+products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
+    dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16"),
+    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=False),
+    dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
+]
+for product in products:
+    sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True), **{k: v for k, v in product.items() if not isinstance(v, str)}}
+    ptx = triton.compile(ASTSource(_matvec, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    print("matvec", "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx)
+sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
+           Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
+           **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
+           **dict.fromkeys(["HEADS", "KV_HEADS", "D", "SPLITS", "QK_NORM", "ROPE_SHIFT", "APPEND", "PDL"], "constexpr"))
+consts = dict(HEADS=16, KV_HEADS=8, D=128, SPLITS=8, QK_NORM=True, ROPE_SHIFT=0, APPEND=True, PDL=True)
+ptx = triton.compile(ASTSource(_rope_append, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+print("rope_append", "griddepcontrol.wait" in ptx)
+"""
+
+
+def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_launch():
+    """The interpreter checks the arithmetic on CUDA cores; Triton's compiler, run ahead of time for sm_90 (no GPU
+    needed), checks that each kernel builds as the H200 runs it: bf16 tensor-core products, atomics, PDL's waits."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["matvec", "True"] * 4 + ["rope_append", "True"]

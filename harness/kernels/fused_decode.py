@@ -16,9 +16,9 @@ Per layer, in launch order:
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
 Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
-keeping HBM busy. Each kernel fuses the elementwise work around a matrix-vector product. A product's column blocks
-are narrow (8 columns: many programs, each streaming whole rows of 512 weights), and where they are still too few
-for the GPU its K dimension is split (the splits add atomically into the fp32 residual, or leave partial sums that
+keeping HBM busy. Each kernel fuses the elementwise work around a matrix-vector product, computed on tensor cores
+with the weight tile as the left operand (the batch rows, padded to 16, are the narrow side). Where a product's
+column blocks are too few for the GPU its K dimension is split (the splits add atomically into the fp32 residual, or leave partial sums that
 the consumer adds: no extra launch). Weights are packed at prepare time so that each program reads its tiles as
 contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is scheduled while its predecessor
 drains, and loads its first weight tile before it waits for the predecessor's results.
@@ -44,12 +44,11 @@ PLAIN, EMBEDDING = 0, 1
 # added to the fp32 residual stream in place (atomically where K is split)
 PARTIALS, SWIGLU, LOGITS, ADD = 0, 1, 2, 3
 SMS = 132  # an H200's (and H100's) streaming multiprocessors
-# Programs a product aims at, per SM, splitting K where its column blocks are fewer: at bs=1 on the H200, a program of
-# 8 columns keeps too few loads in flight for HBM below about four per SM (down_proj of Llama-3.2-1B: 1.8 TB/s with
-# one split, 3.4 TB/s with four, docs/benchmarks.md)
+# Programs a product aims at, per SM, splitting K where its column blocks are fewer: at bs=1 on the H200 a product
+# with fewer keeps too few loads in flight for HBM (down_proj of Llama-3.2-1B, 64-column blocks: 3.8 TB/s with 4
+# splits, 4.4 TB/s with 8, docs/benchmarks.md)
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 8
-FMA_ROWS = 4  # batch rows up to which a product runs on CUDA cores; more take tl.dot (tensor cores)
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
 
 
@@ -116,17 +115,21 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     k_end = tl.minimum(k_start + k_per_split, k_total)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
-    acc = tl.zeros([ROWS, BN], tl.float32)
+    # on tensor cores the weight tile is the left operand (W @ x.T, [BN, ROWS]): its columns fill the MMA's M, which
+    # a handful of batch rows could not
+    acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     for k0 in range(k_start, k_end, BK):  # the next tile is loaded before this one is used
         w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
         x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
         squares += sq
         if DOT:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+            acc += tl.dot(w, tl.trans(x.to(w.dtype)))
         else:
             acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
         w = w_next
+    if DOT:
+        acc = tl.trans(acc)
     _pdl_start(PDL)  # every weight is read: the next kernel may start loading its own
     _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
            ROWS, BN)
@@ -247,16 +250,15 @@ class Product:
         return triton.cdiv(self.k, self.bk)
 
 
-def tile_sizes(rows: int, n: int, k: int, dot: bool) -> tuple[int, int, int]:
-    """(BN, BK, warps). On CUDA cores (rows <= FMA_ROWS) 8 columns x 512 of K, two warps a row: the fastest of 144
-    shapes at bs=1 on the H200 (2.1-3.4 TB/s on Llama-3.2-1B's four products, docs/benchmarks.md); on tensor cores
-    16 x 256. In Triton's interpreter, whose cost is per program and per operation, wide column blocks and narrow K
-    tiles, so that a tiny model's products still run split and over several tiles (the paths the tests check)."""
+def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
+    """(BN, BK, warps). On a GPU, tensor cores with the weight tile as the MMA's left operand, 64 x 128, four warps:
+    the fastest tile at bs 1, 2, 8 and 32 on the H200 (2.4-4.4 TB/s on Llama-3.2-1B's products, where 8 x 512 on
+    CUDA cores reached 2.0-3.4 at bs=1 and far less above; docs/benchmarks.md). In Triton's interpreter (CUDA-core
+    products in fp32), whose cost is per program and per operation, wide column blocks and narrow K tiles, so that a
+    tiny model's products still run split and over several tiles (the paths the tests check)."""
     if interpreted():
         return min(INTERPRETED_BN, triton.next_power_of_2(n)), min(INTERPRETED_BK, triton.next_power_of_2(k)), 1
-    if dot:
-        return 16, min(256, triton.next_power_of_2(k)), 4
-    return 8, min(512, triton.next_power_of_2(k)), 2 * triton.next_power_of_2(rows)
+    return 64, min(128, triton.next_power_of_2(k)), 4
 
 
 def split_count(n: int, k: int, bn: int, bk: int, allowed: bool) -> int:
@@ -288,23 +290,22 @@ def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor
     return both.view(2 * padded, k)
 
 
-def plan(weight: torch.Tensor, rows: int, options: FusedOptions, splittable: bool) -> Product:
-    """How to run x @ weight.T for `rows` rows, and the weight as the kernel reads it."""
+def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Product:
+    """How to run x @ weight.T, and the weight as the kernel reads it."""
     n, k = weight.shape
-    dot = rows > FMA_ROWS and not interpreted()
-    bn, bk, warps = tile_sizes(rows, n, k, dot)
+    dot = not interpreted()  # (Triton's interpreter computes a bf16 tl.dot wrongly)
+    bn, bk, warps = tile_sizes(n, k)
     splits = split_count(n, k, bn, bk, options.split_k and splittable)
     return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits, dot,
                    options.packed, warps)
 
 
-def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, rows: int, options: FusedOptions) -> Product:
+def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> Product:
     """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
     k = gate.shape[1]
-    dot = rows > FMA_ROWS and not interpreted()
-    bn, bk, warps = tile_sizes(rows, 2 * gate.shape[0], k, dot)
+    bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
     paired = pair_blocks(gate, up, bn // 2)
-    return Product(pack(paired, bn, bk) if options.packed else paired, paired.shape[0], k, bn, bk, 1, dot,
+    return Product(pack(paired, bn, bk) if options.packed else paired, paired.shape[0], k, bn, bk, 1, not interpreted(),
                    options.packed, warps)
 
 
@@ -356,21 +357,21 @@ class FusedDecoder:
         self.scale = model.model.layers[0].self_attn.scaling
         self.rope_shift, self.append = int(fault == "fused_rope_off_by_one"), fault != "kv_append_lost"
         with torch.no_grad():
-            self.layers = [self._layer(layer, rows) for layer in model.model.layers]
+            self.layers = [self._layer(layer) for layer in model.model.layers]
             self.embedding = model.model.embed_tokens.weight
             self.final_norm = model.model.norm.weight
-            self.lm_head = plan(model.lm_head.weight, rows, options, splittable=False)
+            self.lm_head = plan(model.lm_head.weight, options, splittable=False)
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         self._buffers(cache.layers[0].keys)
 
-    def _layer(self, layer, rows: int) -> Layer:
+    def _layer(self, layer) -> Layer:
         attn, mlp, opts = layer.self_attn, layer.mlp, self.options
         qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         norms = [getattr(getattr(attn, name, None), "weight", None) for name in ("q_norm", "k_norm")]
-        return Layer(layer.input_layernorm.weight, plan(qkv, rows, opts, splittable=True), *norms,
-                     plan(attn.o_proj.weight, rows, opts, splittable=True), layer.post_attention_layernorm.weight,
-                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, rows, opts),
-                     plan(mlp.down_proj.weight, rows, opts, splittable=True))
+        return Layer(layer.input_layernorm.weight, plan(qkv, opts, splittable=True), *norms,
+                     plan(attn.o_proj.weight, opts, splittable=True), layer.post_attention_layernorm.weight,
+                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, opts),
+                     plan(mlp.down_proj.weight, opts, splittable=True))
 
     def _buffers(self, like: torch.Tensor) -> None:
         rows, first = self.rows, self.layers[0]
