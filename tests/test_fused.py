@@ -11,6 +11,7 @@ import torch
 
 from harness import models
 from harness.config.schema import ConfigError
+from harness.kernels import fused_decode
 from harness.kernels.fused_decode import FusedDecoder, FusedOptions, pack, pair_blocks, split_count
 from harness.measure.job import measure, seeded_prompt
 from harness.modes.base import Stepper
@@ -111,6 +112,14 @@ def test_k_is_split_only_where_column_blocks_are_too_few():
     assert split_count(n=64, k=256, bn=64, bk=128, allowed=True) == 2  # no split of less than a whole tile
 
 
+def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch):
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan (the interpreter's keeps wide tiles)
+    assert fused_decode.blocks_and_splits(n=2048, k=2048, bk=128, split_k=True) == (64, 8)  # Llama-3.2-1B's O: 256
+    assert fused_decode.blocks_and_splits(n=1024, k=2048, bk=128, split_k=True) == (32, 8)  # Qwen3-0.6B's O: 16 x 8 < 132
+    assert fused_decode.blocks_and_splits(n=2 * 3072, k=1024, bk=128, split_k=False) == (32, 1)  # its gate/up: 192
+    assert fused_decode.blocks_and_splits(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # Llama's: 256
+
+
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
     cfg = run_config(*FUSED, "fused.pdl=false")
     assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")
@@ -134,7 +143,7 @@ ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_
 names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
-    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16"),
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32),
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=False),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
 ]

@@ -290,20 +290,32 @@ def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor
     return both.view(2 * padded, k)
 
 
+def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]:
+    """(BN, K splits): 64 columns a block, split where the blocks are too few (split_count); and where even the splits
+    leave SMs without a program (a 1024-wide model's O and down projections, its gate/up, which cannot split),
+    narrower blocks, down to the MMA's 16."""
+    bn = tile_sizes(n, k)[0]
+    splits = split_count(n, k, bn, bk, split_k)
+    while not interpreted() and bn > 16 and triton.cdiv(n, bn) * splits < SMS:
+        bn //= 2
+        splits = split_count(n, k, bn, bk, split_k)
+    return bn, splits
+
+
 def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Product:
     """How to run x @ weight.T, and the weight as the kernel reads it."""
     n, k = weight.shape
-    dot = not interpreted()  # (Triton's interpreter computes a bf16 tl.dot wrongly)
-    bn, bk, warps = tile_sizes(n, k)
-    splits = split_count(n, k, bn, bk, options.split_k and splittable)
-    return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits, dot,
-                   options.packed, warps)
+    _, bk, warps = tile_sizes(n, k)
+    bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable)
+    return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits,
+                   not interpreted(), options.packed, warps)  # (Triton's interpreter computes a bf16 tl.dot wrongly)
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> Product:
     """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
     k = gate.shape[1]
-    bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
+    _, bk, warps = tile_sizes(2 * gate.shape[0], k)
+    bn, _ = blocks_and_splits(2 * gate.shape[0], k, bk, split_k=False)
     paired = pair_blocks(gate, up, bn // 2)
     return Product(pack(paired, bn, bk) if options.packed else paired, paired.shape[0], k, bn, bk, 1, not interpreted(),
                    options.packed, warps)
