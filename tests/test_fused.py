@@ -116,8 +116,8 @@ def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan (the interpreter's keeps wide tiles)
     assert fused_decode.blocks_and_splits(n=2048, k=2048, bk=128, split_k=True) == (64, 8)  # Llama-3.2-1B's O: 256
     assert fused_decode.blocks_and_splits(n=1024, k=2048, bk=128, split_k=True) == (32, 8)  # Qwen3-0.6B's O: 16 x 8 < 132
-    assert fused_decode.blocks_and_splits(n=2 * 3072, k=1024, bk=128, split_k=False) == (32, 1)  # its gate/up: 192
-    assert fused_decode.blocks_and_splits(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # Llama's: 256
+    assert fused_decode.blocks_and_splits(n=1024, k=2048, bk=128, split_k=False) == (16, 1)  # unsplit: 64 blocks
+    assert fused_decode.blocks_and_splits(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # 256 blocks: enough
 
 
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
