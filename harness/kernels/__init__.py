@@ -27,6 +27,9 @@ class AttentionSpec:
     setup: str | None = None
     block: int = 1  # the slots a valid-prefix backend reads at a time: cache_len must be whole blocks where > 1
     cache_in_blocks: bool = False  # cache_len must be a multiple of `block`
+    # Slots between the positions at which its reads change shape (a new block or KV chunk begins): verification
+    # decodes across at least one such position (harness/measure/verify.py, verified_steps)
+    edge: int = 1
     # Computes decode attention as the reference does (transformers' sdpa, whose fp32 run is verification's
     # reference): a run's logits then compare bit for bit with eager's. Any other backend is also judged
     # against fp32.
@@ -42,10 +45,12 @@ register, attention_spec = ATTENTION.register, ATTENTION.spec
 
 
 FLEX_BLOCK = 128  # slots per block of flex's block mask: the granularity at which attn=flex skips the cache
+TRITON_DECODE_BLOCK = 64  # slots per step of triton-decode's loop (its BLOCK_N): its chunks are whole such blocks
 
 register(AttentionSpec("sdpa", EVERY_SLOT_REPEATED, reference=True))
 register(AttentionSpec("sdpa-gqa", EVERY_SLOT, setup="harness.kernels.attention:use_sdpa_gqa"))
 register(AttentionSpec("flex", VALID_PREFIX, setup="harness.kernels.attention:use_flex", block=FLEX_BLOCK,
-                       cache_in_blocks=True))
-register(AttentionSpec("triton-decode", VALID_PREFIX, setup="harness.kernels.attention:use_triton_decode"))
+                       cache_in_blocks=True, edge=FLEX_BLOCK))
+register(AttentionSpec("triton-decode", VALID_PREFIX, setup="harness.kernels.attention:use_triton_decode",
+                       edge=TRITON_DECODE_BLOCK))
 register(AttentionSpec("eager", EVERY_SLOT_REPEATED))

@@ -13,9 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels import TRITON_DECODE_BLOCK
 from harness.kernels.triton_runtime import interpreted
 
-BLOCK_N = 64  # slots per step of a program's loop
+BLOCK_N = TRITON_DECODE_BLOCK  # slots per step of a program's loop
 TARGET_PROGRAMS = 264  # about two per SM of an H200 (132): the split count aims at this many programs
 
 

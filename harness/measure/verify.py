@@ -1,6 +1,7 @@
 """A run proves its decode against the computation it claims to equal, after its timed loop.
 
-The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context, greedily; its logits and
+The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context (more where the attention backend
+reads in blocks: past the first position that starts one, verified_steps), greedily; its logits and
 tokens are kept. Every reference is then fed the same tokens (teacher-forced), so that one near-tie cannot
 send two decodes apart, and runs one after another in the stepper's own cache (rewound to the context), so
 that a check at a long context needs no second cache and no second prefill. A reference an earlier job of the same
@@ -64,7 +65,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> t
     metrics, applied = {}, []
     stepper.rewind()
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
-    run = _free_run(stepper, calls_for(stepper, VERIFY_TOKENS))
+    steps = verified_steps(cfg.attn, prompt.shape[1], cfg.cache_len)
+    run = _free_run(stepper, calls_for(stepper, steps))
     references.new_job()
     if exact:
         applied.append("eager")
@@ -81,8 +83,18 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> t
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
                               f"{stepper.tokens_per_step} tokens a call, which fp32's teacher-forced decode cannot follow")
-    metrics.update(verified=float(failure is None), checks_applied=float(len(applied)))
+    metrics.update(verified=float(failure is None), checks_applied=float(len(applied)), verified_steps=float(steps))
     return metrics, failure
+
+
+def verified_steps(attn: str, context_len: int, cache_len: int) -> int:
+    """VERIFY_TOKENS steps from the context, or more where the attention backend reads the cache in blocks and those
+    steps would decode at no block edge: then up to two steps past the first position that starts a block (flex's
+    128 slots, triton-decode's 64), so that a fault at an edge (a block not read, a chunk dropped) is decoded under
+    the checks at the job's own context; as far as the cache holds."""
+    edge = attention_spec(attn).edge
+    first_edge = -(-context_len // edge) * edge  # the first position >= the context that starts a block
+    return max(VERIFY_TOKENS, min(first_edge - context_len + 3, cache_len - context_len))
 
 
 def _rewound_to_the_context(stepper, context_len: int) -> str | None:
@@ -151,7 +163,7 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     metrics["max_logit_diff"] = diff
     if own is not None and diff > 2 * own:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
-                f"{VERIFY_TOKENS} steps, where eager differs from itself by {own:.4g}")
+                f"{run.tokens.shape[0]} steps, where eager differs from itself by {own:.4g}")
     return None
 
 
