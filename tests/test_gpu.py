@@ -177,3 +177,20 @@ def test_a_gpu_run_logs_its_machines_fingerprint():
     assert all(float(env[f"fingerprint_{k}_spread_pct"]) >= 0 for k in ("copy_gb_per_s", "launch_us", "graph100_us"))
     if "fingerprint_sm_clock_under_load_mhz" in env:  # where nvidia-ml-py is installed
         assert 500 < float(env["fingerprint_sm_clock_under_load_mhz"]) < 3000
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs):
+    result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
+    m = result.metrics
+    assert result.failure is None and m["verified"] == 1.0, result.failure
+    assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on" and "captured" not in result.mode_tags
+    assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
+
+
+@pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])
+def test_a_fault_inside_a_captured_fused_kernel_fails_the_run(monkeypatch, kind):
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)  # built into the kernels before capture
+    result = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
+    print(f"{kind}: {result.failure}")
+    assert result.failure is not None and result.metrics["verified"] == 0.0

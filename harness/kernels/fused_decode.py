@@ -124,7 +124,10 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
         x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
         squares += sq
         if DOT:
-            acc += tl.dot(w, tl.trans(x.to(w.dtype)))
+            if w.dtype == tl.float32:  # an fp32 run: exact products, not TF32's
+                acc += tl.dot(w, tl.trans(x), input_precision="ieee")
+            else:
+                acc += tl.dot(w, tl.trans(x.to(w.dtype)))
         else:
             acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
         w = w_next
