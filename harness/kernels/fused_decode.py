@@ -18,9 +18,9 @@ After the last layer one `_matvec` computes the final norm and the logits (fp32)
 Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
 keeping HBM busy. Each kernel fuses the elementwise work around a matrix-vector product, computed on tensor cores
 with the weight tile as the left operand (the batch rows, padded to 16, are the narrow side). Where a product's
-column blocks are too few for the GPU its K dimension is split (the splits add atomically into the fp32 residual, or leave partial sums that
-the consumer adds: no extra launch). Weights are packed at prepare time so that each program reads its tiles as
-contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is scheduled while its predecessor
+column blocks are too few for the GPU its K dimension is split (the splits add atomically into the fp32 residual,
+or leave partial sums that the consumer adds: no extra launch). Weights are packed at prepare time so that each
+program reads its tiles as contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is scheduled while its predecessor
 drains, and loads its first weight tile before it waits for the predecessor's results.
 
 `FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`). On a machine
@@ -286,11 +286,9 @@ def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor
     same rows of up (i padded to whole halves with zeros): one program computes both for the same outputs."""
     i, k = gate.shape
     padded = triton.cdiv(i, half) * half
-    both = gate.new_zeros(padded // half, 2, half, k)
-    both[: i // half, 0], both[: i // half, 1] = gate[: i // half * half].view(-1, half, k), up[: i // half * half].view(-1, half, k)
-    if i % half:
-        both[i // half, 0, : i % half], both[i // half, 1, : i % half] = gate[i // half * half:], up[i // half * half:]
-    return both.view(2 * padded, k)
+    both = gate.new_zeros(2, padded, k)
+    both[0, :i], both[1, :i] = gate, up
+    return both.view(2, padded // half, half, k).transpose(0, 1).reshape(2 * padded, k)
 
 
 def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]:
@@ -414,7 +412,8 @@ class FusedDecoder:
                 self._product(layer.qkv, self.qkv_parts, self.residual, gain=layer.attn_norm)
             self._rope_append(layer, kv, position)
             self._attend(kv, position)
-            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=kv.cumulative_length if index else None)
+            bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
+            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
             self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
             self._product(layer.down, self.residual, self.act, output=ADD)
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
