@@ -70,6 +70,16 @@ def test_a_fault_inside_a_fused_kernel_fails_the_run(monkeypatch, kind):
     assert result.mode_tags["mutation"] == kind
 
 
+def test_a_fault_inside_the_fused_kernels_is_refused_for_another_mode(monkeypatch):
+    from harness.measure import mutations
+
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "kv_append_lost")
+    assert mutations.requested("fused") == "kv_append_lost"
+    with pytest.raises(ValueError, match="^HARNESS_INJECT_MUTATION=kv_append_lost acts inside mode=fused's kernels, "
+                                         "and this job is mode=eager$"):
+        mutations.requested("eager")
+
+
 def test_a_fault_inside_a_fused_kernel_changes_what_it_computes():
     """The faults the run must catch do change the step (so the job tests above test the check, not a no-op)."""
     eager, run, decoder = fused_and_eager()

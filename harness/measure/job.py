@@ -141,7 +141,7 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     stepper and the tokens its warm-up decoded."""
     cuda = device.type == "cuda"
     on_phase(mode.prepare_phase)
-    mutation = mutations.requested()
+    mutation = mutations.requested(cfg.mode)
     with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
         if mutation:  # a test's fault, active in the capture too
             with mutations.patched(model, mutation):

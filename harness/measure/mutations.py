@@ -18,10 +18,14 @@ FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost")
 KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *FUSED_KERNEL_FAULTS)
 
 
-def requested() -> str | None:
+def requested(mode: str) -> str | None:
+    """The fault HARNESS_INJECT_MUTATION asks of a job of `mode`, or None; one that cannot act in it is refused (a
+    fault inside mode=fused's kernels would leave another mode's run untouched, and passing)."""
     kind = os.environ.get("HARNESS_INJECT_MUTATION") or None
     if kind is not None and kind not in KINDS:
         raise ValueError(f"HARNESS_INJECT_MUTATION={kind} is not one of {', '.join(KINDS)}")
+    if kind in FUSED_KERNEL_FAULTS and mode != "fused":
+        raise ValueError(f"HARNESS_INJECT_MUTATION={kind} acts inside mode=fused's kernels, and this job is mode={mode}")
     return kind
 
 
