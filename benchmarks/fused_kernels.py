@@ -9,12 +9,10 @@ import sys
 from collections import defaultdict
 
 import torch
-from hydra import compose, initialize_config_dir
 from torch.profiler import ProfilerActivity, profile
 
 from harness.clock import cuda_event_ms
-from harness.config.schema import CONF_DIR
-from harness.config.validate import to_run_config
+from harness.cli.precheck import compose_single_run
 from harness.measure.job import seeded_prompt
 from harness.models import get_model
 from harness.modes.fused import FusedMode
@@ -54,8 +52,7 @@ def kernel_times(stepper, per_step: int) -> dict[str, list[float]]:
 
 
 def main(overrides: list[str]) -> None:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = to_run_config(compose(config_name="config", overrides=["mode=fused", *overrides]))
+    cfg = compose_single_run(["mode=fused", *overrides])
     device = torch.device("cuda")
     model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
     prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)

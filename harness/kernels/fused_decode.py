@@ -34,7 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.config.schema import FUSED_FAMILIES
 from harness.kernels.triton_decode import BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, splits_for
 from harness.kernels.triton_runtime import interpreted
 
@@ -334,26 +333,6 @@ class Layer:
     mlp_norm: torch.Tensor
     gate_up: Product
     down: Product
-
-
-def family_problem(model: torch.nn.Module) -> str | None:
-    """Why the fused kernels cannot compute this model's decode step, or None: a dense Llama or Qwen3 layer, with
-    no biases and a power-of-two head size, as transformers builds it."""
-    config = model.config
-    if config.model_type not in FUSED_FAMILIES:
-        return f"model_type={config.model_type} (mode=fused computes {', '.join(FUSED_FAMILIES)} decoder layers)"
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_dim != triton.next_power_of_2(head_dim):
-        return f"head_dim={head_dim} (the fused kernels need a power of two)"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act={config.hidden_act} (the fused MLP computes SiLU)"
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and module.bias is not None:
-            return f"{name} has a bias (the fused products have none)"
-        if type(module).__name__ in ("SharedInputLinear", "SliceOf"):
-            return "model.fuse_projections=true (mode=fused packs its projections itself)"
-    return None
-
 
 
 class FusedDecoder:

@@ -14,6 +14,7 @@ import time
 import torch
 
 from harness.clock import cuda_event_ms
+from harness.modes.graphed import warm_up_on_side_stream
 
 REPEATS = 5
 COPY_BYTES = 256 << 20  # a device-to-device copy this large runs at the memory's speed, not at the launch's
@@ -68,11 +69,7 @@ def _launch_us(device: torch.device) -> list[float]:
 def _graph_us(device: torch.device) -> list[float]:
     """A CUDA graph of GRAPH_KERNELS such kernels, replayed: one replay's time."""
     x = torch.zeros(1, device=device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        x.add_(1)  # warm up on a side stream, as capture wants
-    torch.cuda.current_stream(device).wait_stream(side)
+    warm_up_on_side_stream(lambda: x.add_(1), steps=1)  # as capture wants (the process's one side stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(GRAPH_KERNELS):

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from harness.modes.base import CaptureError, DecodeMode
+from harness.modes.base import CaptureError, DecodeMode, kv_heads_and_dim
 from harness.modes.graphed import GraphedStepper
 
 
@@ -50,18 +50,10 @@ class FusedMode(DecodeMode):
 
     name = "fused"
     exact = False  # its own kernels and fp32 accumulation: judged against fp32, as the compiled modes
-
-    def check(self, device):
-        if device.type != "cuda":
-            from harness.kernels.triton_runtime import interpreted, interpreter_ready
-
-            if not (interpreted() and interpreter_ready()):
-                return ("mode=fused runs Triton kernels: on a CUDA GPU, or on a CPU in Triton's interpreter from the "
-                        "start of the process on a machine without an NVIDIA GPU (run through `harness`)")
-        return None
+    # (where Triton cannot run, attn=triton-decode's setup refuses the job as the model is built: fused's attention)
 
     def prepare(self, model, prompt, cfg):
-        from harness.kernels.fused_decode import FusedOptions, family_problem
+        from harness.kernels.fused_decode import FusedOptions
 
         if (problem := family_problem(model)) is not None:
             raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
@@ -70,3 +62,18 @@ class FusedMode(DecodeMode):
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault).prepare(prompt)
+
+
+def family_problem(model: torch.nn.Module) -> str | None:
+    """Why the fused kernels cannot compute this model's decode step, or None: no biases, a power-of-two head size,
+    SiLU. (The model type and `fuse_projections` are the config's to refuse, before the model is built.)"""
+    config = model.config
+    head_dim = kv_heads_and_dim(config)[1]
+    if head_dim & (head_dim - 1):
+        return f"head_dim={head_dim} (the fused kernels need a power of two)"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act={config.hidden_act} (the fused MLP computes SiLU)"
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            return f"{name} has a bias (the fused products have none)"
+    return None
