@@ -2,6 +2,8 @@
 run fail (the bug lives in the test, never in the code)."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -42,18 +44,61 @@ class TwoTokenStepper(Stepper):
         return logits
 
 
-class InexactTwoTokenMode(DecodeMode):
-    name, exact = "inexact-two", False  # other kernels than eager's, two tokens a call: no check can judge it
+class LastTokenOnlyStepper(TwoTokenStepper):
+    """Two steps a call that show only the last step's token: the first step's is lost to every check."""
 
-    def prepare(self, model, prompt, cfg):
-        return TwoTokenStepper(model, prompt, cfg.cache_len, prefill=False)
+    def step(self):
+        logits = super().step()
+        self.tokens = self.tokens[-1:]
+        return logits
+
+
+class RunnerUpFirstStepper(TwoTokenStepper):
+    """Two steps a call whose first step feeds its second-best token (an argmax inside the graph gone wrong),
+    shown as it is: every call's returned logits follow their history, only the tokens inside a call are wrong."""
+
+    def step(self):
+        rows = []
+        for index in range(2):
+            logits = self.forward()[: self.bs]
+            self.input_ids.copy_(logits.topk(2 - index, dim=-1).indices[:, -1:])
+            rows.append(self.input_ids[:, 0].clone())
+        self.tokens = torch.stack(rows)
+        return logits
+
+
+def inexact_two_token_mode(monkeypatch, stepper: type) -> str:
+    """A throwaway mode=inexact-two (other kernels than eager's, two tokens a call) whose stepper is `stepper`."""
+    class InexactTwoTokenMode(DecodeMode):
+        name, exact = "inexact-two", False
+
+        def prepare(self, model, prompt, cfg):
+            return stepper(model, prompt, cfg.cache_len, prefill=False)
+
+    monkeypatch.setattr(sys.modules[__name__], "InexactTwoTokenMode", InexactTwoTokenMode, raising=False)
+    monkeypatch.setitem(MODES, "inexact-two", ModeSpec("inexact-two", f"{__name__}:InexactTwoTokenMode", graph_steps=True))
+    return "mode=inexact-two"
 
 
 def test_a_run_no_check_applies_to_is_failed_not_verified(monkeypatch):
-    monkeypatch.setitem(MODES, "inexact-two", ModeSpec("inexact-two", f"{__name__}:InexactTwoTokenMode", graph_steps=True))
-    result = measure(run_config(*FAST, "mode=inexact-two", "device=cpu", "dtype=fp32"))
+    mode = inexact_two_token_mode(monkeypatch, LastTokenOnlyStepper)
+    result = measure(run_config(*FAST, mode, "device=cpu", "dtype=fp32"))
     assert result.metrics["verified"] == 0.0 and result.metrics["checks_applied"] == 0.0
     assert result.failure.startswith("no check applies: mode=inexact-two computes with other kernels")
+
+
+def test_an_inexact_mode_of_two_tokens_a_call_is_judged_against_fp32_step_by_step(monkeypatch):
+    mode = inexact_two_token_mode(monkeypatch, TwoTokenStepper)
+    result = measure(run_config(*FAST, mode, "device=cpu", "dtype=fp32", "model.tie_word_embeddings=false"))
+    assert result.failure is None and result.metrics["verified"] == 1.0
+    assert result.metrics["checks_applied"] == 1.0 and result.metrics["fp32_max_logit_err"] < 1e-3
+
+
+def test_a_wrong_token_inside_a_call_of_two_steps_fails_the_run(monkeypatch):
+    mode = inexact_two_token_mode(monkeypatch, RunnerUpFirstStepper)
+    result = measure(run_config(*FAST, mode, "device=cpu", "dtype=fp32", "model.tie_word_embeddings=false"))
+    assert result.metrics["verified"] == 0.0
+    assert result.failure.startswith("the token the run decoded at step 0 (inside a call of several) ranks ")
 
 
 def test_every_applicable_check_is_counted():

@@ -61,6 +61,22 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert tags["fused"] == "pdl=off split_k=on packed=on" and tags["captured"].startswith("no: ")
 
 
+def test_a_fused_graph_of_two_steps_is_judged_against_fp32_step_by_step():
+    """graph_steps=2: argmax and feeding inside the call; every step's token shown, so fp32 follows it."""
+    two = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "graph_steps=2"))
+    assert two.failure is None and two.metrics["verified"] == 1.0, two.failure
+    assert len(two.step_ms) == 8 // 2  # one sample a call of two steps
+    assert two.metrics["checks_applied"] == 1.0 and two.metrics["fp32_max_logit_err"] < 1e-3
+    assert two.metrics["token_repeat_fraction"] < 0.5  # varied tokens: a stale one would show
+
+
+@pytest.mark.slow
+def test_a_fault_inside_a_fused_graph_of_two_steps_fails_the_run(monkeypatch):
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_rope_off_by_one")
+    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "graph_steps=2"))
+    assert result.failure is not None and result.metrics["verified"] == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])
 def test_a_fault_inside_a_fused_kernel_fails_the_run(monkeypatch, kind):

@@ -9,7 +9,8 @@ from harness.measure.job import measure
 from tests.support import FAST, gpu, run_config
 
 pytestmark = [pytest.mark.gpu, gpu]
-QWEN = ("model=qwen3-0.6b", "cache_len=256", "decode_tokens=64")
+QWEN_DECODE_TOKENS = 64
+QWEN = ("model=qwen3-0.6b", "cache_len=256", f"decode_tokens={QWEN_DECODE_TOKENS}")
 
 
 @pytest.mark.parametrize("bs", [1, 8])
@@ -179,11 +180,12 @@ def test_a_gpu_run_logs_its_machines_fingerprint():
         assert 500 < float(env["fingerprint_sm_clock_under_load_mhz"]) < 3000
 
 
-@pytest.mark.parametrize("bs", [1, 8])
-def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs):
-    result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
+@pytest.mark.parametrize("bs,graph_steps", [(1, 1), (8, 1), (1, 4)])
+def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_steps):
+    result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1", f"graph_steps={graph_steps}"))
     m = result.metrics
     assert result.failure is None and m["verified"] == 1.0, result.failure
+    assert len(result.step_ms) * graph_steps == QWEN_DECODE_TOKENS  # one sample a replay of graph_steps
     assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on" and "captured" not in result.mode_tags
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
 
@@ -191,6 +193,8 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs):
 @pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])
 def test_a_fault_inside_a_captured_fused_kernel_fails_the_run(monkeypatch, kind):
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)  # built into the kernels before capture
-    result = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
-    print(f"{kind}: {result.failure}")
-    assert result.failure is not None and result.metrics["verified"] == 0.0
+    for graph_steps in (1, 4):
+        result = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false",
+                                    f"graph_steps={graph_steps}"))
+        print(f"{kind}, graph_steps={graph_steps}: {result.failure}")
+        assert result.failure is not None and result.metrics["verified"] == 0.0

@@ -55,7 +55,7 @@ def test_padded_rows_do_not_change_the_real_rows_tokens():
     (["buckets=[1,1,2]"], "in increasing order without repeats"),
     (["buckets=[0,2]"], "buckets=[0, 2] is invalid: every bucket must be >= 1"),
     (["graph_steps=0", "mode=graphed"], "graph_steps=0 is invalid"),
-    (["graph_steps=4", "mode=eager"], "graph_steps=4 applies to mode=graphed or mode=bucketed only, not mode=eager"),
+    (["graph_steps=4", "mode=eager"], "graph_steps=4 applies to mode=graphed or mode=bucketed or mode=fused only, not mode=eager"),
     (["compile_mode=max-autotune", "mode=compiled-nograph"],
      "compile_mode=max-autotune is invalid for mode=compiled-nograph: use one of default, max-autotune-no-cudagraphs"),
     (["compile_mode=default", "mode=graphed"], "only the compiled modes take it"),

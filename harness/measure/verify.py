@@ -75,14 +75,15 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> t
                    or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
             metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
-    # (a K-step graph feeds itself, so it cannot be fed fp32's history token by token: its exact check stands)
-    if (not exact or not attention_spec(cfg.attn).reference) and stepper.tokens_per_step == 1:
+    # fp32 is fed the run's tokens, every step's: a stepper that decodes several a call must show each of them
+    if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
         failure = failure or _against_fp32(model, prompt, stepper, cfg, run, metrics)
     stepper.release()
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
-                              f"{stepper.tokens_per_step} tokens a call, which fp32's teacher-forced decode cannot follow")
+                              f"{stepper.tokens_per_step} tokens a call without showing each, so fp32's "
+                              f"teacher-forced decode cannot follow it")
     metrics.update(verified=float(failure is None), checks_applied=float(len(applied)), verified_steps=float(steps))
     return metrics, failure
 
@@ -95,6 +96,12 @@ def verified_steps(attn: str, context_len: int, cache_len: int) -> int:
     edge = attention_spec(attn).edge
     first_edge = -(-context_len // edge) * edge  # the first position >= the context that starts a block
     return max(VERIFY_TOKENS, min(first_edge - context_len + 3, cache_len - context_len))
+
+
+def _every_token_shown(stepper, run: Trace) -> bool:
+    """Whether the free run recorded the token of every step it decoded (a K-step graph keeps its K tokens), not
+    only each call's last: a teacher-forced reference needs the whole history."""
+    return run.tokens.shape[0] == run.logits.shape[0] * stepper.tokens_per_step
 
 
 def _rewound_to_the_context(stepper, context_len: int) -> str | None:
@@ -251,14 +258,14 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     the run's prefilled context: the fp32 decode takes the run's context K/V, upcast (as the public studies of
     decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a long context is
     paid. A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
-    ctx = stepper.context_len
+    ctx, k = stepper.context_len, stepper.tokens_per_step
     sums = torch.stack([t[:, :, :ctx].float().sum() for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
-    shape = references.shape_of(model, stepper)  # the run's attention: it prefilled the cache plain eager decodes in
+    shape = references.shape_of(model, stepper, k)  # the run's attention: it prefilled the cache plain eager decodes in
     with attention(model, "sdpa"):
         plain = references.reference("plain", shape, [prompt, stepper.first_ids, sums, run.tokens], 0,
-                                     lambda: _forced(_eager_in(model, stepper), run.tokens)).logits
-    ref = _fp32_reference(model, prompt, stepper, cfg, run, sums)  # frees the run's cache
-    rows = ref.shape[1]
+                                     lambda: _forced(_eager_in(model, stepper), run.tokens, k)).logits
+    every_step = _fp32_reference(model, prompt, stepper, cfg, run, sums)  # frees the run's cache
+    ref, rows = every_step[k - 1::k], every_step.shape[1]  # the steps whose logits a call returns
     err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
     bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
     top2 = ref.topk(2, dim=-1).values
@@ -274,12 +281,26 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
                 f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
     if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
         return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
+    if k > 1 and (wrong := _tokens_inside_calls(every_step, run.tokens[:, :rows], 2 * err)) is not None:
+        return wrong
     return _fidelity_lost(fidelity) if stepper.tags["fidelity"] == "lost" else None
 
 
+def _tokens_inside_calls(every_step: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> str | None:
+    """A call that decodes several steps returns the last one's logits only: each step's token before it must be
+    fp32's choice given the same history, or rank within `tolerance` (twice the run's error) of fp32's best."""
+    best = every_step.max(dim=-1).values
+    gap = best - every_step.gather(-1, tokens[..., None].to(every_step.device))[..., 0]
+    if bool((gap <= tolerance).all()):
+        return None
+    step = int((gap > tolerance).any(dim=1).nonzero()[0, 0])
+    return (f"the token the run decoded at step {step} (inside a call of several) ranks {float(gap.max()):.4g} below "
+            f"fp32's choice given the same history, more than twice the run's error ({tolerance:.4g})")
+
+
 def _fp32_reference(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor) -> torch.Tensor:
-    """The fp32 decode [steps, rows, vocab] fed the run's tokens from the run's context K/V (copied, then the run's
-    cache freed, so that as many rows as half the free memory holds fit), or an earlier job's for the same."""
+    """The fp32 decode [steps, rows, vocab] fed the run's tokens, logits at every step (a call of several steps
+    returns only its last), from the run's context K/V (copied, then the run's cache freed, so that as many rows as half the free memory holds fit), or an earlier job's for the same."""
     ctx, most = stepper.context_len, _fp32_rows_at_most(stepper)
     prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
     first_ids = stepper.first_ids[:most]

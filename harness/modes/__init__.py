@@ -34,4 +34,4 @@ register(ModeSpec("compiled-nograph", "harness.modes.compiled:CompiledNoGraphMod
                   compile_modes=("default", "max-autotune-no-cudagraphs")))
 register(ModeSpec("compiled", "harness.modes.compiled:CompiledMode",
                   compile_modes=("reduce-overhead", "max-autotune")))
-register(ModeSpec("fused", "harness.modes.fused:FusedMode", attention="triton-decode"))
+register(ModeSpec("fused", "harness.modes.fused:FusedMode", graph_steps=True, attention="triton-decode"))

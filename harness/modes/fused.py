@@ -1,5 +1,6 @@
 """mode=fused: the decode step as the harness's own fused kernels (harness/kernels/fused_decode.py), captured in
-one CUDA graph and replayed once per token, each launch overlapping the last through programmatic dependent launch.
+one CUDA graph and replayed once per token (or per `graph_steps` tokens, argmax and feeding captured too), each
+launch overlapping the last through programmatic dependent launch.
 
 The model is transformers' own, used for prefill and for the references; its weights are packed once, at prepare
 (not timed). Decode reads and writes the same StaticCache as every other mode, so prefill, rewind and verification
@@ -17,8 +18,8 @@ from harness.modes.graphed import GraphedStepper
 
 
 class FusedStepper(GraphedStepper):
-    def __init__(self, model, prompt, cache_len, options, fault: str | None = None):
-        super().__init__(model, prompt, cache_len)
+    def __init__(self, model, prompt, cache_len, options, fault: str | None = None, graph_steps: int = 1):
+        super().__init__(model, prompt, cache_len, graph_steps)
         from harness.kernels.fused_decode import FusedDecoder  # Triton: imported by the jobs that run this mode
 
         start = time.perf_counter()
@@ -40,7 +41,7 @@ class FusedStepper(GraphedStepper):
 
     def step(self) -> torch.Tensor:
         if self.graph is None:
-            return self.forward()[: self.bs]
+            return self._k_steps() if self.feeds_itself else self.forward()[: self.bs]
         self.graph.replay()
         return self.logits
 
@@ -61,7 +62,7 @@ class FusedMode(DecodeMode):
                                packed=cfg.fused.packed)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
-        return FusedStepper(model, prompt, cfg.cache_len, options, fault).prepare(prompt)
+        return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps).prepare(prompt)
 
 
 def family_problem(model: torch.nn.Module) -> str | None:
