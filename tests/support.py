@@ -129,3 +129,14 @@ class MlflowServer:
         if self.proc is not None:
             stop_group(self.proc)
         self.proc = None
+
+
+def flex_block_mask_one_short(position, slots, device):
+    """flex's decode block mask with its block count one short where the position is a multiple of 128: the
+    newest token's own block goes unread there (a plausible off-by-one: ceil(position / 128) for position // 128 + 1)."""
+    from harness.kernels import attention
+
+    blocks = torch.arange(slots // 128, device=device, dtype=torch.int32).view(1, 1, 1, -1)
+    count = torch.clamp((position + 127) // 128, min=1).to(torch.int32).view(1, 1, 1)
+    return attention.BlockMask.from_kv_blocks(count, blocks, BLOCK_SIZE=128, seq_lengths=(1, slots),
+                                              mask_mod=lambda b, h, q, kv: kv <= position + q, compute_q_blocks=False)

@@ -10,7 +10,7 @@ import torch
 from harness.measure.job import measure
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import DecodeMode, Stepper
-from tests.support import FAST, run_config
+from tests.support import FAST, flex_block_mask_one_short, run_config
 
 pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
@@ -106,6 +106,23 @@ def test_every_applicable_check_is_counted():
     flex = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", "cache_len=128")).metrics
     assert (plain["checks_applied"], plain["verified"]) == (1.0, 1.0) and "fp32_max_logit_err" not in plain
     assert (flex["checks_applied"], flex["verified"]) == (2.0, 1.0) and "fp32_max_logit_err" in flex
+    # flex's read plan checked at every verified position; sdpa has none to check (not applied, not passed)
+    assert flex["read_plan_positions_checked"] == flex["verified_steps"] and "read_plan_positions_checked" not in plain
+
+
+@pytest.mark.parametrize("context", [8, 128])
+def test_flex_planning_one_block_short_fails_the_run(monkeypatch, context):
+    """flex's block count one short where the position is a multiple of 128. On a CPU flex's unfused path reads
+    every block whatever the count, so the logits stay right and only the check of its read plan sees the fault:
+    at context 8 the verified window reaches slot 128, at context 128 it starts there."""
+    from harness.kernels import attention
+
+    monkeypatch.setattr(attention, "decode_block_mask", flex_block_mask_one_short)
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", f"context_len={context}",
+                                "cache_len=256"))
+    assert result.metrics["verified"] == 0.0
+    assert result.failure.startswith("attn=flex plans to read 128 slots for the token at slot 128, short of its 129 "
+                                     "valid ones"), result.failure
 
 
 def test_the_decode_metrics_are_what_the_step_times_give_by_hand():

@@ -6,7 +6,7 @@ import torch
 
 from harness import models
 from harness.measure.job import measure
-from tests.support import FAST, gpu, run_config
+from tests.support import flex_block_mask_one_short, FAST, gpu, run_config
 
 pytestmark = [pytest.mark.gpu, gpu]
 QWEN_DECODE_TOKENS = 64
@@ -138,19 +138,14 @@ def test_a_backend_at_a_long_context_matches_eager_and_fp32(attn):
 def test_flex_missing_the_newest_tokens_block_fails_the_run(monkeypatch, context):
     """The block count one short where the position is a multiple of 128 (the new token's own block unread): the
     verified window crosses 128 at context 100 and starts at it at context 1024. Compiled flex reads the block
-    count, which flex's CPU path ignores, so only a GPU shows it. The 4x max-logit bound misses it at both; the
-    worst step's KL delta catches it at context 100 and not at 1024 (expected to fail there: the closing note)."""
+    count, which flex's CPU path ignores, so only a GPU shows what it computes. The 4x max-logit bound misses it at
+    both; the worst step's KL delta catches it at context 100, not at 1024 (one key of 1025 unread at one step
+    moves the KL less than bf16's own spread), where the check of flex's read plan does."""
     from harness.kernels import attention
-
-    def one_short(position, slots, device):
-        blocks = torch.arange(slots // 128, device=device, dtype=torch.int32).view(1, 1, 1, -1)
-        count = torch.clamp((position + 127) // 128, min=1).to(torch.int32).view(1, 1, 1)
-        return attention.BlockMask.from_kv_blocks(count, blocks, BLOCK_SIZE=128, seq_lengths=(1, slots),
-                                                  mask_mod=lambda b, h, q, kv: kv <= position + q, compute_q_blocks=False)
 
     models.release_models()
     torch._dynamo.reset()  # flex's compiled op must trace the faulty mask, not reuse an earlier trace
-    monkeypatch.setattr(attention, "decode_block_mask", one_short)
+    monkeypatch.setattr(attention, "decode_block_mask", flex_block_mask_one_short)
     result = measure(run_config("model=tiny", f"context_len={context}", "decode_tokens=40", "mode=graphed", "attn=flex"))
     models.release_models()
     torch._dynamo.reset()
@@ -160,13 +155,11 @@ def test_flex_missing_the_newest_tokens_block_fails_the_run(monkeypatch, context
     print(f"context {context}: max-logit {m['fp32_max_logit_err']:.4g} (bound {m['fp32_err_bound']:.4g}); KL delta "
           f"{m['kl_delta_nats']:.3g} [{m['kl_delta_low_nats']:.3g}, {m['kl_delta_high_nats']:.3g}] nats, worst step "
           f"{m['kl_delta_max_step_nats']:.3g} (tolerance {m['kl_step_tolerance_nats']:.3g}); {result.failure}")
-    if context == 1024 and result.failure is None:  # seen on the H200, 2026-12-01: 0.000513 nats against 0.00394
-        pytest.xfail(f"not caught: one key of 1025 unread at one step moves its KL by "
-                     f"{m['kl_delta_max_step_nats']:.3g} nats, less than the backends' own per-step spread (up to "
-                     f"0.0015 in docs/benchmarks.md): within {m['kl_step_tolerance_nats']:.3g}")
-    # context 100: the verified window crosses 128, where the newest of 128 tokens goes unread (H200: 0.00487 nats
-    # at that step against a tolerance of 0.0043, with the max-logit error 0.3691 inside its bound 0.4732)
-    assert result.failure is not None and result.failure.startswith("at one step the run's KL from fp32"), result.failure
+    assert result.failure is not None and m["verified"] == 0.0
+    if context == 1024:  # H200, 2026-12-01: 0.000513 nats at that step against a tolerance of 0.00394
+        assert result.failure.startswith("attn=flex plans to read 1024 slots for the token at slot 1024"), result.failure
+    else:  # the window crosses 128 (H200: 0.00487 nats at that step against 0.0043; max-logit 0.3691 within 0.4732)
+        assert result.failure.startswith("at one step the run's KL from fp32"), result.failure
 
 
 def test_a_gpu_run_logs_its_machines_fingerprint():

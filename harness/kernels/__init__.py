@@ -34,6 +34,14 @@ class AttentionSpec:
     # reference): a run's logits then compare bit for bit with eager's. Any other backend is also judged
     # against fp32.
     reference: bool = False
+    # "module:function(position, slots, device) -> int": how many of a cache's first slots its read plan (block
+    # count) covers for the query at `position`, where the plan is made on the host; verification checks it covers
+    # every valid slot. None where the plan is made inside the kernel (the check is then not applied)
+    read_plan: str | None = None
+
+    def slots_planned(self, position: int, slots: int, device) -> int | None:
+        """How many first slots its read plan covers for the query at `position`; None where it has no host plan."""
+        return None if self.read_plan is None else load(self.read_plan)(position, slots, device)
 
     def ready(self, device) -> None:
         if self.setup is not None:
@@ -50,7 +58,7 @@ TRITON_DECODE_BLOCK = 64  # slots per step of triton-decode's loop (its BLOCK_N)
 register(AttentionSpec("sdpa", EVERY_SLOT_REPEATED, reference=True))
 register(AttentionSpec("sdpa-gqa", EVERY_SLOT, setup="harness.kernels.attention:use_sdpa_gqa"))
 register(AttentionSpec("flex", VALID_PREFIX, setup="harness.kernels.attention:use_flex", block=FLEX_BLOCK,
-                       cache_in_blocks=True, edge=FLEX_BLOCK))
+                       cache_in_blocks=True, edge=FLEX_BLOCK, read_plan="harness.kernels.attention:flex_slots_planned"))
 register(AttentionSpec("triton-decode", VALID_PREFIX, setup="harness.kernels.attention:use_triton_decode",
                        edge=TRITON_DECODE_BLOCK))
 register(AttentionSpec("eager", EVERY_SLOT_REPEATED))

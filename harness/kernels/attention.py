@@ -64,6 +64,13 @@ def decode_block_mask(position, slots: int, device):
                                     mask_mod=lambda b, h, q, kv: kv <= position + q, compute_q_blocks=False)
 
 
+def flex_slots_planned(position: int, slots: int, device) -> int:
+    """The slots flex's block mask reads for the query at `position` (whole blocks: up to 127 past it are cut by
+    the mask_mod, not left unread)."""
+    mask = decode_block_mask(torch.tensor(position, device=device), slots, device)
+    return int(mask.kv_num_blocks.flatten()[0]) * FLEX_BLOCK
+
+
 def flex_decode(query, key, value, position, scale):
     """One query token per row at slot `position` over key.shape[2] slots: only the valid blocks are read."""
     block_mask = decode_block_mask(position, key.shape[2], key.device)
