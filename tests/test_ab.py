@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.analysis.ab import verdict
+from harness.analysis.ab import block_spread_pct, pairs_to_decide, verdict
 from harness.cli import commands as cli
 from harness.measure.ab import balanced_order
 from harness.measure.stats import paired_ratio_interval
@@ -20,6 +20,17 @@ def test_the_verdict_reads_the_whole_interval_against_the_threshold():
     assert verdict(0.995, 1.005, 0.01) == "same"
     assert verdict(0.995, 1.02, 0.01) == "ambiguous"  # straddles 1.01: more pairs would tell, `same` would hide it
     assert verdict(0.98, 1.005, 0.01) == "ambiguous"
+
+
+def test_an_ambiguous_verdict_says_how_many_pairs_would_decide_it():
+    """The H200's PDL A/B (docs/benchmarks.md): B / A 0.9768, interval 0.9557-0.9925 after 320 pairs, straddling
+    0.99. Its upper side (0.0157) must shrink to the ratio's distance from 0.99 (0.0132): 320 x (0.0157 / 0.0132)^2
+    = 452.7 pairs. Bugs caught: the lower side used (0.0211: 817), or the farther bound 1.01 (0.0332: 72)."""
+    assert pairs_to_decide(0.9768, 0.9557, 0.9925, 0.01, 320) == 453
+    assert pairs_to_decide(1.005, 0.995, 1.02, 0.01, 3) == 27  # toward `same`: the side above must reach 1.01
+    assert pairs_to_decide(0.99, 0.98, 1.0, 0.01, 8) is None  # on the bound: no number of pairs decides
+    # block medians 1, 1, 1.1, 0.9: sd 0.0707 of a median of 1 (a steady arm's blocks would give 0)
+    assert block_spread_pct([[1.0, 1.0], [1.0, 1.0], [1.1, 1.1], [0.9, 0.9]]) == pytest.approx(7.0711, abs=1e-3)
 
 
 def test_the_order_is_balanced():
@@ -63,6 +74,7 @@ def test_a_slowed_arm_is_slower_and_identical_arms_are_the_same(workdir, monkeyp
     # truthful verdict. What identical arms must never get is a change.)
     assert same["verdict"] in ("same", "ambiguous") and same["differs"] == {} and 0.75 < same["ratio"] < 1.33
     assert "**slower**" in capsys.readouterr().out
+    assert slowed["block_spread_b_pct"] >= 0 and (same["pairs_to_decide"] is None) == (same["verdict"] != "ambiguous")
     runs = store(workdir).search_runs([store(workdir).get_experiment_by_name("harness").experiment_id],
                                       "tags.`harness.kind` = 'ab'")
     assert sorted(r.data.tags["verdict"] for r in runs) == sorted([same["verdict"], "slower"])

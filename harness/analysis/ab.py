@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +40,9 @@ class AbResult:
     verdict: str
     pairs: int
     environment: dict
+    block_spread_a_pct: float  # how far each arm's block medians scatter (sd, % of their median): the noisier arm
+    block_spread_b_pct: float  # is what widens the interval
+    pairs_to_decide: int | None  # where ambiguous: about how many pairs would decide it (None: it sits on a bound)
 
 
 def verdict(low: float, high: float, threshold: float) -> str:
@@ -62,12 +66,29 @@ def _plain(cfg: RunConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=lambda v: getattr(v, "value", str(v))))
 
 
+def pairs_to_decide(ratio: float, low: float, high: float, threshold: float, pairs: int) -> int | None:
+    """About how many pairs an ambiguous A/B needs: the interval narrows as 1/sqrt(pairs), and its side toward the
+    bound it straddles (1 ± threshold, the nearer to the ratio) must shrink to the ratio's distance from that bound.
+    None where the ratio sits on the bound: no number of pairs decides it."""
+    bound = min((1 - threshold, 1 + threshold), key=lambda b: abs(ratio - b))
+    distance, side = abs(ratio - bound), (high - ratio if bound > ratio else ratio - low)
+    return math.ceil(pairs * (side / distance) ** 2) if distance > 0 else None
+
+
+def block_spread_pct(blocks: list[list[float]]) -> float:
+    medians = np.array([np.median(b) for b in blocks])
+    return float(100 * medians.std() / np.median(medians))
+
+
 def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float) -> AbResult:
     blocks_a, blocks_b = ([t.step_ms for t in arm.blocks] for arm in (arm_a, arm_b))
     ratio, low, high = paired_ratio_interval(blocks_a, blocks_b)
+    decided = verdict(low, high, threshold)
     return AbResult(arm_a.cfg.label, arm_b.cfg.label, differing_keys(arm_a.cfg, arm_b.cfg),
                     float(np.median(np.concatenate(blocks_a))), float(np.median(np.concatenate(blocks_b))),
-                    ratio, low, high, threshold, verdict(low, high, threshold), len(blocks_a), environment)
+                    ratio, low, high, threshold, decided, len(blocks_a), environment,
+                    block_spread_pct(blocks_a), block_spread_pct(blocks_b),
+                    pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if decided == "ambiguous" else None)
 
 
 def markdown(r: AbResult) -> str:
@@ -78,10 +99,20 @@ def markdown(r: AbResult) -> str:
         f"- B: {r.arm_b}, median {r.median_b_ms:.4f} ms/step",
         f"- B differs in: {changed}",
         f"- B / A = {r.ratio:.4f} (95% interval {r.low:.4f}-{r.high:.4f}, {r.pairs} pairs of blocks, balanced order)",
-        f"- verdict at ±{100 * r.threshold:g}%: **{r.verdict}**",
+        f"- verdict at ±{100 * r.threshold:g}%: **{r.verdict}**" + _undecided(r),
+        f"- block medians scatter by {r.block_spread_a_pct:.2f}% (A) and {r.block_spread_b_pct:.2f}% (B), sd of "
+        "their median: the noisier arm is what widens the interval",
         f"- on {r.environment.get('gpu_name') or r.environment.get('device')} "
         f"{r.environment.get('gpu_uuid', '')}, torch {r.environment.get('torch')}",
         "- neither arm is verified here: run each as a job (`python -m harness KEY=...`) for its checks", ""])
+
+
+def _undecided(r: AbResult) -> str:
+    if r.verdict != "ambiguous":
+        return ""
+    if r.pairs_to_decide is None:
+        return " (the ratio sits on the threshold: more pairs cannot decide it)"
+    return f" (about {r.pairs_to_decide} pairs would decide it, at this spread: `--pairs {r.pairs_to_decide}`)"
 
 
 def run(uri: str, experiment: str, cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, threshold: float,
