@@ -33,6 +33,26 @@ def test_an_ambiguous_verdict_says_how_many_pairs_would_decide_it():
     assert block_spread_pct([[1.0, 1.0], [1.0, 1.0], [1.1, 1.1], [0.9, 0.9]]) == pytest.approx(7.0711, abs=1e-3)
 
 
+def test_pairs_from_several_processes_are_drawn_process_by_process():
+    """Four processes, each with B / A constant inside it (1.0, 1.1, 1.2 and 1.3: a compile's choice per process).
+    Drawn process by process, the interval spans what a fifth process could show; drawn as 40 pairs of one process
+    (the bug: the processes' pairs pooled), it would claim 1.1-1.2."""
+    blocks_a = [[1.0] * 5] * 40
+    blocks_b = [[ratio] * 5 for ratio in (1.0, 1.1, 1.2, 1.3) for _ in range(10)]
+    owners = [process for process in range(4) for _ in range(10)]
+    assert paired_ratio_interval(blocks_a, blocks_b, processes=owners)[1:] == pytest.approx((1.0, 1.3))
+    assert paired_ratio_interval(blocks_a, blocks_b)[1:] == pytest.approx((1.1, 1.2))
+
+
+def test_the_ab_repeats_in_fresh_processes(workdir):
+    assert cli.main(["ab", "cache_len=64", "cache_len=64", *TINY, "decode_tokens=8", "--pairs", "2", "--processes", "2",
+                     "--threshold", "50%", "--out", "two"]) == 0
+    result = json.loads((workdir / "two" / "ab.json").read_text())
+    assert result["processes"] == 2 and result["pairs"] == 4 and len(result["blocks_b_ms"]) == 4
+    assert (workdir / "two" / "ab.md").read_text().startswith("# A/B, paired in each of 2 processes")
+    assert cli.main(["ab", "cache_len=64", "cache_len=64", *TINY, "--processes", "0"]) == 2
+
+
 def test_the_order_is_balanced():
     """Bug caught: a fixed AB AB order, which hands every second-place advantage (a warmer cache) to B."""
     order = balanced_order(4)

@@ -1,6 +1,6 @@
 """`harness ab "KEY=A ..." "KEY=B ..."`: is B faster than A, on this GPU, now?
 
-Both arms are timed in one process (measure/ab.py), in alternating blocks; the ratio B / A gets a paired
+Both arms are timed in one process (measure/ab.py), in alternating blocks (or so in each of several processes); the ratio B / A gets a paired
 hierarchical bootstrap interval and a verdict at a threshold t: `slower` when the whole interval lies above 1 + t,
 `faster` when below 1 - t, `same` when it lies within 1 ± t, and `ambiguous` when it straddles a bound (more
 pairs would tell). The result is printed, written as ab.md and ab.json, and logged to MLflow as a run of its own
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.config.schema import RunConfig, identity
-from harness.measure.ab import Arm, time_arms
+from harness.measure.ab import Arm, time_arms_in_processes
 from harness.measure.stats import paired_ratio_interval
 from harness.progress import say
 from harness.record import flatten
@@ -43,6 +43,7 @@ class AbResult:
     block_spread_a_pct: float  # how far each arm's block medians scatter (sd, % of their median): the noisier arm
     block_spread_b_pct: float  # is what widens the interval
     pairs_to_decide: int | None  # where ambiguous: about how many pairs would decide it (None: it sits on a bound)
+    processes: int = 1  # fresh processes the A/B ran in, one after another (`pairs` counts every process's)
 
 
 def verdict(low: float, high: float, threshold: float) -> str:
@@ -80,21 +81,24 @@ def block_spread_pct(blocks: list[list[float]]) -> float:
     return float(100 * medians.std() / np.median(medians))
 
 
-def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float) -> AbResult:
+def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owners: list[int] | None = None
+              ) -> AbResult:
+    """`owners`: the process each pair ran in, where the A/B ran in several."""
     blocks_a, blocks_b = ([t.step_ms for t in arm.blocks] for arm in (arm_a, arm_b))
-    ratio, low, high = paired_ratio_interval(blocks_a, blocks_b)
+    ratio, low, high = paired_ratio_interval(blocks_a, blocks_b, processes=owners)
     decided = verdict(low, high, threshold)
     return AbResult(arm_a.cfg.label, arm_b.cfg.label, differing_keys(arm_a.cfg, arm_b.cfg),
                     float(np.median(np.concatenate(blocks_a))), float(np.median(np.concatenate(blocks_b))),
                     ratio, low, high, threshold, decided, len(blocks_a), environment,
                     block_spread_pct(blocks_a), block_spread_pct(blocks_b),
-                    pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if decided == "ambiguous" else None)
+                    pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if decided == "ambiguous" else None,
+                    len(set(owners or [0])))
 
 
 def markdown(r: AbResult) -> str:
     changed = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in r.differs.items()) or "nothing (identical arms)"
     return "\n".join([
-        "# A/B, paired in one process", "",
+        "# A/B, paired in one process" if r.processes == 1 else f"# A/B, paired in each of {r.processes} processes", "",
         f"- A: {r.arm_a}, median {r.median_a_ms:.4f} ms/step",
         f"- B: {r.arm_b}, median {r.median_b_ms:.4f} ms/step",
         f"- B differs in: {changed}",
@@ -116,10 +120,11 @@ def _undecided(r: AbResult) -> str:
 
 
 def run(uri: str, experiment: str, cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, threshold: float,
-        out_dir: Path | None) -> int:
+        out_dir: Path | None, processes: int = 1) -> int:
     """Time, print, write, log. Exit status: 1 when B is slower (a gate, as `compare`), else 0."""
-    arm_a, arm_b, environment = time_arms(cfg_a, cfg_b, pairs, on_phase=lambda phase: say(f"ab: {phase}"))
-    result = result_of(arm_a, arm_b, environment, threshold)
+    arm_a, arm_b, environment, owners = time_arms_in_processes(cfg_a, cfg_b, pairs, processes,
+                                                               on_phase=lambda phase: say(f"ab: {phase}"))
+    result = result_of(arm_a, arm_b, environment, threshold, owners)
     text = markdown(result)
     print(text)
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-ab-"))

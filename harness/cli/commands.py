@@ -81,6 +81,8 @@ def _add_ab(sub, store) -> None:
     p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="overrides common to both arms")
     p.add_argument("--pairs", type=int, default=4, help="pairs of timed blocks, at least 2 (default: 4)")
     p.add_argument("--threshold", default="1%", help="a change inside ±this is `same` (default: 1%%)")
+    p.add_argument("--processes", type=int, default=1, help="repeat the paired A/B in this many fresh processes, one "
+                   "after another, and resample processes too (default: 1, this process)")
     p.add_argument("--experiment", default="harness")
     p.add_argument("--out", type=Path, default=None, help="where to write ab.md and ab.json (default: a temp folder)")
 
@@ -239,9 +241,12 @@ def _ab(uri: str, args) -> int:
 
     if args.pairs < 2:
         raise ConfigError(f"--pairs={args.pairs}: use at least 2 (one AB and one BA, so that order favours neither)")
+    if args.processes < 1:
+        raise ConfigError(f"--processes={args.processes}: use at least 1")
     cfg_a, cfg_b = (compose_single_run([*args.overrides, *arm.split()]) for arm in (args.arm_a, args.arm_b))
     try:
-        return ab.run(uri, args.experiment, cfg_a, cfg_b, args.pairs, compare.parse_threshold(args.threshold), args.out)
+        return ab.run(uri, args.experiment, cfg_a, cfg_b, args.pairs, compare.parse_threshold(args.threshold), args.out,
+                      args.processes)
     except JobError as err:  # an arm that cannot run here (graphed on a CPU): the user's to change, in one line
         raise ConfigError(str(err)) from err
 

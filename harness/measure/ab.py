@@ -3,12 +3,16 @@
 Leases differ (one compiled config measured 0.998-1.159 ms across four H200s), and a GPU drifts within a lease
 (clocks, temperature, what else the host does). So both arms are prepared first, side by side, and then timed in
 alternating blocks in balanced order (AB BA AB BA ...): block i of A and block i of B ran back to back, and a
-drift moves both. The ratio's interval comes from resampling those pairs (stats.paired_ratio_interval).
+drift moves both. The ratio's interval comes from resampling those pairs (stats.paired_ratio_interval). Optionally
+the whole A/B repeats in several fresh processes, one after another, whose differences (a compile's choices, an
+autotuner's pick) then widen the interval as they should.
 
 Pure measurement: no Hydra, no MLflow. Neither arm is verified here (`harness` runs each as a job for that).
 """
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,7 +23,7 @@ from harness.config.schema import RunConfig
 from harness.measure.environment import environment_tags
 from harness.measure.job import JobError, run_phases, seeded_prompt
 from harness.measure.stats import clock_failure, decode_metrics
-from harness.measure.timing import run_steps, timed_decode
+from harness.measure.timing import DecodeTiming, run_steps, timed_decode
 from harness.models import get_model
 from harness.modes import spec
 
@@ -64,6 +68,36 @@ def time_arms(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int,
             raise JobError(f"arm {name}: {why}")
         steppers[name].release()
     return arms["A"], arms["B"], environment_tags(device)
+
+
+def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, processes: int,
+                           on_phase: Callable[[str], None] = lambda phase: None
+                           ) -> tuple[Arm, Arm, dict[str, str], list[int]]:
+    """time_arms, `processes` times, each in a fresh interpreter one after another (its own CUDA context, compiles,
+    autotuning and kernel caches; the A/B within each stays paired), or in this one where `processes` is 1. Returns
+    both arms with every process's blocks, the first process's environment, and the process of each pair."""
+    if processes == 1:
+        return (*time_arms(cfg_a, cfg_b, pairs, on_phase), [0] * pairs)
+    arms, owners, environment = (Arm(cfg_a), Arm(cfg_b)), [], {}
+    for index in range(processes):
+        on_phase(f"process {index + 1}/{processes}: starting a fresh interpreter")
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            blocks, prepared, env = pool.submit(_in_a_fresh_process, cfg_a, cfg_b, pairs).result()
+        for arm, its_blocks, prepare_ms in zip(arms, blocks, prepared):
+            arm.blocks += [DecodeTiming(*block, tokens=torch.empty(0)) for block in its_blocks]
+            arm.prepare_ms += prepare_ms
+        owners += [index] * pairs
+        environment = environment or env
+    return *arms, environment, owners
+
+
+def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple[tuple, tuple, dict[str, str]]:
+    """One process's A/B as plain data (its decoded tokens stay behind: no CUDA tensor crosses processes)."""
+    from harness.progress import say
+
+    arm_a, arm_b, environment = time_arms(cfg_a, cfg_b, pairs, on_phase=lambda phase: say(f"ab: {phase}"))
+    blocks = tuple([(t.step_ms, t.wall_ms, t.clock, t.tokens_per_call) for t in arm.blocks] for arm in (arm_a, arm_b))
+    return blocks, (arm_a.prepare_ms, arm_b.prepare_ms), environment
 
 
 def _prepare(arm: Arm, device: torch.device):

@@ -50,21 +50,33 @@ def _resampled_median(rng: np.random.Generator, arrays: list[np.ndarray], drawn:
 
 
 def paired_ratio_interval(blocks_a: list[list[float]], blocks_b: list[list[float]], seed: int = 0,
-                          samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float, float]:
+                          samples: int = BOOTSTRAP_SAMPLES, processes: list[int] | None = None
+                          ) -> tuple[float, float, float]:
     """B's median step time over A's, and its 95% interval from a hierarchical bootstrap that keeps the pairing:
     pairs of blocks (block i of A and of B ran back to back) are drawn with replacement, then the steps within each
-    drawn block. Returns (ratio, low, high)."""
+    drawn block. `processes`: the process each pair ran in, where the A/B ran in several; then processes are drawn
+    first, then pairs within each (what differs between processes, a compile's choices, a clock, widens the
+    interval as it should). Returns (ratio, low, high)."""
     if len(blocks_a) != len(blocks_b):
         raise ValueError(f"paired blocks: {len(blocks_a)} of A against {len(blocks_b)} of B")
     a = [np.asarray(b, dtype=np.float64) for b in blocks_a]
     b = [np.asarray(x, dtype=np.float64) for x in blocks_b]
+    ids = np.asarray(processes if processes is not None else [0] * len(a))
+    groups = [np.flatnonzero(ids == p) for p in np.unique(ids)]
     rng = np.random.default_rng(seed)
     ratios = np.empty(samples)
     for i in range(samples):
-        drawn = rng.integers(len(a), size=len(a))  # the same pairs for both arms
+        drawn = _draw_pairs(rng, groups)  # the same pairs for both arms
         ratios[i] = _resampled_median(rng, b, drawn) / _resampled_median(rng, a, drawn)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(np.median(np.concatenate(b)) / np.median(np.concatenate(a))), float(low), float(high)
+
+
+def _draw_pairs(rng: np.random.Generator, groups: list[np.ndarray]) -> np.ndarray:
+    """Pairs drawn with replacement: within one process, from all; across several, processes first."""
+    if len(groups) == 1:
+        return rng.integers(groups[0].size, size=groups[0].size)
+    return np.concatenate([rng.choice(groups[g], size=groups[g].size) for g in rng.integers(len(groups), size=len(groups))])
 
 
 def paired_mean_interval(deltas: np.ndarray, seed: int = 0) -> tuple[float, float]:
