@@ -1,7 +1,7 @@
 """`harness ab "KEY=A ..." "KEY=B ..."`: is B faster than A, on this GPU, now?
 
-Both arms are timed in one process (measure/ab.py), in alternating blocks (or so in each of several processes); the ratio B / A gets a paired
-hierarchical bootstrap interval and a verdict at a threshold t: `slower` when the whole interval lies above 1 + t,
+Both arms are timed in one process (measure/ab.py), in alternating blocks (or so in each of several processes);
+the ratio B / A gets a paired hierarchical bootstrap interval and a verdict at a threshold t: `slower` when the whole interval lies above 1 + t,
 `faster` when below 1 - t, `same` when it lies within 1 ± t, and `ambiguous` when it straddles a bound (more
 pairs would tell). The result is printed, written as ab.md and ab.json, and logged to MLflow as a run of its own
 (kind `ab`), like `compare`'s files.

@@ -76,7 +76,8 @@ def _draw_pairs(rng: np.random.Generator, groups: list[np.ndarray]) -> np.ndarra
     """Pairs drawn with replacement: within one process, from all; across several, processes first."""
     if len(groups) == 1:
         return rng.integers(groups[0].size, size=groups[0].size)
-    return np.concatenate([rng.choice(groups[g], size=groups[g].size) for g in rng.integers(len(groups), size=len(groups))])
+    drawn = rng.integers(len(groups), size=len(groups))
+    return np.concatenate([rng.choice(groups[g], size=groups[g].size) for g in drawn])
 
 
 def paired_mean_interval(deltas: np.ndarray, seed: int = 0) -> tuple[float, float]:

@@ -317,7 +317,8 @@ def _tokens_inside_calls(every_step: torch.Tensor, tokens: torch.Tensor, toleran
 
 def _fp32_reference(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor) -> torch.Tensor:
     """The fp32 decode [steps, rows, vocab] fed the run's tokens, logits at every step (a call of several steps
-    returns only its last), from the run's context K/V (copied, then the run's cache freed, so that as many rows as half the free memory holds fit), or an earlier job's for the same."""
+    returns only its last), from the run's context K/V (copied, then the run's cache freed, so that as many rows as
+    half the free memory holds fit), or an earlier job's for the same."""
     ctx, most = stepper.context_len, _fp32_rows_at_most(stepper)
     prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
     first_ids = stepper.first_ids[:most]
