@@ -20,8 +20,8 @@ keeping HBM busy. Each kernel fuses the elementwise work around a matrix-vector 
 with the weight tile as the left operand (the batch rows, padded to 16, are the narrow side). Where a product's
 column blocks are too few for the GPU its K dimension is split (the splits add atomically into the fp32 residual,
 or leave partial sums that the consumer adds: no extra launch). Weights are packed at prepare time so that each
-program reads its tiles as contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is scheduled while its predecessor
-drains, and loads its first weight tile before it waits for the predecessor's results.
+program reads its tiles as contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is
+scheduled while its predecessor drains, and loads its first weight tile before it waits for the predecessor's results.
 
 `FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`). On a machine
 without an NVIDIA GPU the kernels run in Triton's interpreter (fp32 products; tests).

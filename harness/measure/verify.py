@@ -298,14 +298,15 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
                 f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
     if not bool(((top2[..., 0] - top2[..., 1])[differ] <= 2 * err).all()):
         return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
-    if k > 1 and (wrong := _tokens_inside_calls(every_step, run.tokens[:, :rows], 2 * err)) is not None:
+    if k > 1 and (wrong := _every_token_against_fp32(every_step, run.tokens[:, :rows], 2 * err)) is not None:
         return wrong
     return _fidelity_lost(fidelity) if stepper.tags["fidelity"] == "lost" else None
 
 
-def _tokens_inside_calls(every_step: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> str | None:
-    """A call that decodes several steps returns the last one's logits only: each step's token before it must be
-    fp32's choice given the same history, or rank within `tolerance` (twice the run's error) of fp32's best."""
+def _every_token_against_fp32(every_step: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> str | None:
+    """A call that decodes several steps returns the last one's logits only, so the tokens before it are judged by
+    fp32's logits alone: every step's token (the last one's again) must be fp32's choice given the same history, or
+    rank within `tolerance` (twice the run's error) of fp32's best."""
     best = every_step.max(dim=-1).values
     gap = best - every_step.gather(-1, tokens[..., None].to(every_step.device))[..., 0]
     if bool((gap <= tolerance).all()):
