@@ -117,3 +117,21 @@ def test_every_experiment_preset_composes_into_valid_jobs(preset):
     assert len(jobs) >= 2
     for job in jobs:  # every job of the preset passes the schema; none would fail before it ran
         run_config(f"+experiment={preset}", *job)
+
+
+def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_and_every_backend_graphed():
+    """The sweep's exclude rules, applied to the real preset as `harness plan` and the sweeper apply them. Bugs
+    caught: a rule that excludes nothing (an enum compared by its repr), or too much (a graphed run, or the eager
+    baseline a graphed run's speedup needs); a mode axis not last (a graphed job then does not follow the eager one
+    whose references it can take)."""
+    from harness.cli.plan import identity_of, jobs_of
+
+    jobs, rules = jobs_of(["+experiment=context"])
+    kept = [job for job in jobs if identity_of(job, rules) is not None]
+    runs = [run_config(*job) for job in kept]
+    combos = {(r.bs, r.context_len, r.attn, r.mode) for r in runs}
+    grid = [(bs, ctx) for bs in (1, 8, 32) for ctx in (1024, 4096, 16384, 32768)]
+    assert len(runs) == len(combos) == 48 and len(jobs) == 72
+    assert combos == ({(bs, ctx, attn, "graphed") for bs, ctx in grid for attn in ("sdpa", "sdpa-gqa", "flex")}
+                      | {(bs, ctx, "sdpa", "eager") for bs, ctx in grid})
+    assert [r.mode for r in runs[:2]] == ["eager", "graphed"] and runs[0].attn == runs[1].attn == "sdpa"

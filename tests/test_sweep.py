@@ -107,3 +107,13 @@ def test_a_run_reruns_from_its_saved_hydra_config(workdir):
     assert yaml.safe_load((saved / "config.yaml").read_text())["bs"] == 3
     _, parents, children = runs_by_kind(store(workdir))
     assert len(parents) == 2 and len(children) == 2  # a single run gets its own parent too
+
+
+def test_a_sweeps_exclude_rules_leave_their_jobs_out_unrun_and_unrecorded(workdir):
+    proc = run_harness("-m", *FAST, "bs=1,2", "mode=eager", "dtype=fp32,bf16",
+                       "hydra.sweeper.exclude=[{bs:2,dtype:bf16}]", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "sweep: 4 jobs, 3 to run, 0 rejected, 1 excluded by hydra.sweeper.exclude" in proc.stderr + proc.stdout
+    _, _, children = runs_by_kind(store(workdir))
+    assert sorted((c.data.params["bs"], c.data.params["dtype"]) for c in children) == [
+        ("1", "bf16"), ("1", "fp32"), ("2", "fp32")]

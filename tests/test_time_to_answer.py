@@ -50,7 +50,9 @@ def test_a_job_times_the_blocks_its_rule_asks_for_and_says_which_rule_stopped_it
     assert result.mode_tags["stopped_by"].startswith(rule)
 
 
-def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_its_own_decode():
+def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_its_own_decode(monkeypatch):
+    # the path of every mode but plain eager: one eager pass computed, kept as both references
+    monkeypatch.setattr("harness.measure.job.loop_serves_as_reference", lambda stepper, exact: False)
     cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false")
     start = references.hits["computed"]
     first = measure(cfg)
@@ -64,6 +66,39 @@ def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_it
         assert again.metrics[key] == first.metrics[key], key
     other = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "seed=1", "model.tie_word_embeddings=false"))
     assert other.failure is None and references.hits["computed"] > computed  # another prompt: its own references
+
+
+# warm-up and first block cover the 32 verified steps: plain eager's loop holds every reference its checks need
+EAGER_LOOP = [*FAST, "device=cpu", "dtype=fp32", "bs=2", "warmup=2", "decode_tokens=32",
+              "model.tie_word_embeddings=false"]
+
+
+def test_plain_eagers_loop_is_its_own_reference_and_no_eager_step_is_taken_again(monkeypatch):
+    from harness.measure import verify
+
+    passes = []
+    monkeypatch.setattr(verify, "_token_gaps", lambda *a, **kw: passes.append(1))  # the eager pass it replaces
+    start = references.hits["computed"]
+    first = measure(run_config(*EAGER_LOOP))
+    assert first.failure is None and first.metrics["verified"] == 1.0 and first.metrics["tokens_match"] == 1.0
+    assert passes == [] and references.hits["computed"] == start  # nothing decoded again: the loop was the pass
+    assert first.metrics["decoded_tokens_checked"] == 2 * 34 and first.metrics["max_logit_diff"] == 0.0
+    hits = references.hits["hits"]
+    again = measure(run_config(*EAGER_LOOP))
+    assert again.failure is None and references.hits["hits"] - hits == 2 and references.hits["computed"] == start
+
+
+def test_a_loop_that_feeds_other_than_its_argmax_fails_against_its_own_logits(monkeypatch):
+    """The loop's logits are the reference only for the tokens fed after them: a loop that feeds the runner-up
+    (a plausible off-by-one in feeding) is judged by how far below the best its fed token ranks, and fails."""
+    from harness.measure import timing
+
+    def runner_up(stepper, logits):
+        stepper.input_ids.copy_(logits.topk(2, dim=-1).indices[:, 1:])
+
+    monkeypatch.setattr(timing, "feed_argmax", runner_up)
+    result = measure(run_config(*EAGER_LOOP))
+    assert result.failure.startswith("the decoded token at step 0 ") and result.metrics["tokens_match"] == 0.0
 
 
 def test_a_kept_reference_is_used_only_for_the_very_same_inputs():

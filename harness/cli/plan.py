@@ -7,6 +7,7 @@ import statistics
 
 from omegaconf import OmegaConf
 
+from harness.config.exclude import describe, excluding_rule
 from harness.config.schema import CONF_DIR, config_hash
 from harness.config.validate import check_overrides, to_run_config
 
@@ -14,28 +15,35 @@ from harness.config.validate import check_overrides, to_run_config
 PHASES = ("build_ms", "prepare_ms", "prefill_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
 
 
-def jobs_of(overrides: list[str]) -> list[list[str]]:
+def jobs_of(overrides: list[str]) -> tuple[list[list[str]], list]:
     """Every job's overrides, as the harness sweeper would run them: a preset's axes (hydra.sweeper.params),
-    then the command line's (a key on both: the command line's values)."""
+    then the command line's (a key on both: the command line's values); and the sweep's exclude rules."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     given = [o for o in overrides if "=" in o and not o.startswith("-")]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        params = compose(config_name="config", overrides=[o for o in given if o.startswith("+experiment=")],
-                         return_hydra_config=True).hydra.sweeper.params or {}
+        sweeper = compose(config_name="config", return_hydra_config=True,
+                          overrides=[o for o in given if o.startswith(("+experiment=", "hydra.sweeper.exclude"))]
+                          ).hydra.sweeper
+    params, rules = sweeper.params or {}, list(sweeper.get("exclude") or [])
+    given = [o for o in given if not o.startswith("hydra.sweeper.exclude")]
     keys = {o.split("=", 1)[0].lstrip("+~") for o in given}
     axes = [f"{k}={v}" for k, v in params.items() if k.lstrip("+~") not in keys] + given
-    return [list(job) for job in BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(axes), None)[0]]
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(axes), None)[0]
+    return [list(job) for job in jobs], rules
 
 
-def identity_of(job: list[str]) -> tuple[str, str]:
-    """(label, config hash) of one job, as its run would record them; a job the schema refuses says why."""
+def identity_of(job: list[str], rules=()) -> tuple[str, str] | None:
+    """(label, config hash) of one job, as its run would record them, or None where an exclude rule leaves it out;
+    a job the schema refuses says why."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=job)
+    if excluding_rule(cfg, rules) is not None:
+        return None
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     run = to_run_config(cfg)  # a ConfigError here: the line names the bad value
     config["cache_len"] = run.cache_len
@@ -55,11 +63,14 @@ def past_seconds(uri: str, experiment: str, hashes: set[str]) -> dict[str, list[
 
 def plan(uri: str | None, experiment: str, overrides: list[str]) -> int:
     check_overrides(overrides)
-    jobs = jobs_of(overrides)
-    rows = [(" ".join(job), *identity_of(job)) for job in jobs]
+    jobs, rules = jobs_of(overrides)
+    identities = [(" ".join(job), identity_of(job, rules)) for job in jobs]
+    rows = [(job, *identity) for job, identity in identities if identity is not None]
     past = past_seconds(uri, experiment, {h for *_, h in rows}) if uri else {}
     known, total = 0, 0.0
-    print(f"{len(rows)} jobs" + ("" if uri else " (no store here: no past runs to estimate from)"))
+    left_out = len(jobs) - len(rows)
+    excluded = f" ({left_out} more excluded: {'; '.join(describe(r) for r in rules)})" if left_out else ""
+    print(f"{len(rows)} jobs{excluded}" + ("" if uri else " (no store here: no past runs to estimate from)"))
     for i, (_, label, h) in enumerate(rows):
         seconds = past.get(h)
         if seconds:

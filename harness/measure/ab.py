@@ -106,6 +106,6 @@ def _prepare(arm: Arm, device: torch.device):
     loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed)
     prompt = seeded_prompt(cfg.bs, cfg.context_len, loaded.model.config.vocab_size, cfg.seed, device)
     phases: dict[str, float] = {}
-    stepper, _ = run_phases(cfg, loaded.model, mode, prompt, device, lambda phase: None, phases)
+    stepper, *_ = run_phases(cfg, loaded.model, mode, prompt, device, lambda phase: None, phases)
     arm.prepare_ms = phases["prepare_ms"]
     return stepper

@@ -26,7 +26,7 @@ from harness.measure.roofline import ceilings, floor, implementation_bytes, slot
 from harness.measure import mutations
 from harness.measure.stats import NOISY_PCT, clock_failure, decode_metrics, is_noisy, stop_reason
 from harness.measure.timing import run_steps, timed_decode
-from harness.measure.verify import verify
+from harness.measure.verify import loop_reference, loop_serves_as_reference, verified_steps, verify
 
 
 SLOW_MS = 20.0  # what HARNESS_INJECT_FAULT=slow adds to each step
@@ -86,8 +86,15 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     model = loaded.model
     prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
-    stepper, warm_tokens = run_phases(cfg, model, mode, prompt, device, on_phase, phases)
-    blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase)
+    stepper, warm_tokens, kept = run_phases(cfg, model, mode, prompt, device, on_phase, phases, keep_loop_logits=True)
+    loop = []  # plain eager's loop as its own check's reference (verify.LoopReference), built after the first block
+
+    def first_block(block) -> None:
+        steps = verified_steps(cfg.attn, cfg.context_len, cfg.cache_len)
+        loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), steps))
+        kept.clear()
+
+    blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase, kept, first_block if kept is not None else None)
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
                "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
     metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
@@ -104,17 +111,20 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         on_phase(f"profile {stepper.tags['profile']}")
     on_phase("verify")
     with stopwatch(device, metrics, "verify_ms"):
-        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]))
+        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]),
+                                 loop[0] if loop else None)
     metrics.update(checks)
     failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
-def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[list, GpuState]:
+def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase, keep_logits: list | None = None,
+                  first_block: Callable | None = None) -> tuple[list, GpuState]:
     """Timed blocks, each from the prefilled context and after a warm-up (the first's were done before), until
     `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read at their start
-    and end and its energy counter around each (between blocks). The rule that stopped is the tag `stopped_by`."""
+    and end and its energy counter around each (between blocks). The rule that stopped is the tag `stopped_by`.
+    The first block's logits go to `keep_logits`, and `first_block(timing)` runs after it, outside the clock."""
     blocks, gpu, spent_s = [], GpuState(device), 0.0
     gpu.read("start")
     while True:
@@ -125,8 +135,10 @@ def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[li
         on_phase(f"decode (block {len(blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
         energy = gpu.energy()
         with nvtx_range("decode", device.type == "cuda"):
-            blocks.append(timed_decode(stepper, cfg.decode_tokens, device))  # ends in a sync: the host clock holds
+            blocks.append(timed_decode(stepper, cfg.decode_tokens, device, None if blocks else keep_logits))  # ends in a sync
         gpu.add_block(energy)
+        if first_block is not None and len(blocks) == 1:
+            first_block(blocks[0])
         block_s = time.perf_counter() - started
         spent_s += block_s
         if (why := stop_reason(cfg, [b.step_ms for b in blocks], spent_s, block_s)) is not None:
@@ -136,9 +148,11 @@ def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase) -> tuple[li
     return blocks, gpu
 
 
-def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
+def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict,
+               keep_loop_logits: bool = False):
     """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up. Returns the
-    stepper and the tokens its warm-up decoded."""
+    stepper, the tokens its warm-up decoded, and, where asked and the loop is plain eager (its own check's
+    reference), the warm-up's logits in a list the first timed block extends (else None)."""
     cuda = device.type == "cuda"
     on_phase(mode.prepare_phase)
     mutation = mutations.requested(cfg.mode)
@@ -157,8 +171,9 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     phases["prefill_tokens_per_s"] = prompt.numel() / phases["prefill_ms"] * 1e3  # time to first token at this context
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
-        warm_tokens = run_steps(stepper, cfg.warmup)
-    return stepper, warm_tokens
+        kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None
+        warm_tokens = run_steps(stepper, cfg.warmup, kept)
+    return stepper, warm_tokens, kept
 
 
 def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float, tags: dict,

@@ -51,16 +51,23 @@ def calls_for(stepper: Stepper, tokens: int) -> int:
     return math.ceil(tokens / stepper.tokens_per_step)
 
 
-def run_steps(stepper: Stepper, tokens: int) -> torch.Tensor:
-    """Untimed greedy steps (warm-up); returns the tokens they decoded, [steps, bs], on the device."""
+def run_steps(stepper: Stepper, tokens: int, keep_logits: list | None = None) -> torch.Tensor:
+    """Untimed greedy steps (warm-up); returns the tokens they decoded, [steps, bs], on the device. `keep_logits`
+    receives each call's logits (the tensor the stepper returned: no copy)."""
     decoded = []
     for _ in range(calls_for(stepper, tokens)):
-        advance(stepper)
+        logits = advance(stepper)
+        if keep_logits is not None:
+            keep_logits.append(logits)
         decoded.append(stepper.tokens.clone())
     return torch.cat(decoded)
 
 
-def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeTiming:
+def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
+                 keep_logits: list | None = None) -> DecodeTiming:
+    """`keep_logits` receives each call's logits, between calls: a reference to the tensor the stepper returned (no
+    copy, no kernel, no sync; an eager step allocates its output anew), so that plain eager's loop can be its own
+    check's reference."""
     calls, k = calls_for(stepper, tokens), stepper.tokens_per_step
     produced = torch.empty(calls * k, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
     done = iter(range(calls))
@@ -69,6 +76,8 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device) -> DecodeT
         if not stepper.feeds_itself:
             feed_argmax(stepper, logits)
         i = next(done)
+        if keep_logits is not None:
+            keep_logits.append(logits)
         produced[i * k:(i + 1) * k].copy_(stepper.tokens)
 
     if device.type == "cuda":

@@ -58,10 +58,41 @@ class Trace:
     tokens: torch.Tensor
 
 
-def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> tuple[dict, str | None]:
+@dataclass
+class LoopReference:
+    """Plain eager's own loop (warm-up and first timed block), kept as the reference its checks would otherwise
+    decode again: an eager decode fed the loop's tokens is that very loop, the same kernels over the same history."""
+
+    logits: torch.Tensor  # [steps, bs, vocab]: the first verified steps' logits
+    gaps: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # as _token_gaps: (gap, chosen, best), each [steps, bs]
+
+
+def loop_serves_as_reference(stepper, exact: bool) -> bool:
+    """Whether the run's loop is plain eager itself (no other stepper, no test's mutation wrapping it)."""
+    return exact and type(stepper) is EagerStepper
+
+
+def loop_reference(logits: list[torch.Tensor], decoded: torch.Tensor, steps: int) -> LoopReference:
+    """The loop's logits, a call each [bs, vocab], and the tokens it decoded [calls, bs]: the first `steps` logits
+    stacked, and how far below each step's best logit the token fed after it ranks (0 where the loop fed its argmax;
+    more where its feeding went wrong)."""
+    if len(logits) != decoded.shape[0]:
+        raise ValueError(f"the loop kept {len(logits)} logits for {decoded.shape[0]} decoded steps")
+    chosen, best = [], []
+    for out, tokens in zip(logits, decoded):
+        out = out.float()
+        best.append(out.max(dim=-1).values)
+        chosen.append(out.gather(-1, tokens[:, None])[:, 0])
+    chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
+    return LoopReference(torch.stack(logits[:steps]), (best_logits - chosen_logits, chosen_logits, best_logits))
+
+
+def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
+           loop: LoopReference | None = None) -> tuple[dict, str | None]:
     """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
-    `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them.
-    The stepper's cache is freed at the end: verification is a job's last use of it."""
+    `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them;
+    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference). The stepper's cache is
+    freed at the end: verification is a job's last use of it."""
     metrics, applied = {}, []
     stepper.rewind()
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
@@ -70,7 +101,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor) -> t
     references.new_job()
     if exact:
         applied.append("eager")
-        _one_pass_serves_both(model, prompt, stepper, run, decoded)
+        _one_pass_serves_both(model, prompt, stepper, run, decoded, loop)
         failure = (failure or _exact(model, prompt, stepper, run, metrics)
                    or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
@@ -191,11 +222,21 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     return None
 
 
-def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Tensor) -> None:
+def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Tensor,
+                          loop: LoopReference | None = None) -> None:
     """Where the timed loop decoded what the free run did (every deterministic mode, a step a call), eager fed the
     loop's tokens is, over its first steps, eager fed the free run's: one decode gives the token check its gaps
-    and the lockstep its first reference, where two would compute the same steps twice."""
+    and the lockstep its first reference, where two would compute the same steps twice. Where the loop was plain
+    eager, that decode is the loop itself: its kept logits serve, and no eager step is taken again (the free run,
+    a second eager decode, still measures eager against itself)."""
     steps = run.tokens.shape[0]
+    if loop is not None:
+        shape = references.shape_of(model, stepper)
+        references.put("gaps", shape, [prompt, stepper.first_ids, decoded], 0, loop.gaps, computed=False)
+        if loop.logits.shape[0] == steps and torch.equal(decoded[:steps], run.tokens):
+            references.put("forced", shape, [prompt, stepper.first_ids, run.tokens], 0, Trace(loop.logits, run.tokens),
+                           computed=False)
+        return
     if stepper.tokens_per_step != 1 or decoded.shape[0] < steps or not torch.equal(decoded[:steps], run.tokens):
         return
     shape = references.shape_of(model, stepper)

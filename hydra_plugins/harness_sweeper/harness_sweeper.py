@@ -8,7 +8,7 @@ launches the rest. It also orders jobs by model, so a process builds each model 
 # sys.modules, and dataclasses then cannot resolve string annotations.
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -21,6 +21,8 @@ class HarnessSweeperConf:
     _target_: str = "hydra_plugins.harness_sweeper.harness_sweeper.HarnessSweeper"
     max_batch_size: Optional[int] = None
     params: Optional[Dict[str, str]] = None
+    # combinations left out of the grid: a job whose config matches every key of one rule (harness/config/exclude.py)
+    exclude: Optional[List[Dict[str, Any]]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="harness", node=HarnessSweeperConf, provider="harness")
@@ -31,27 +33,34 @@ def model_key(overrides: Sequence[str]) -> tuple:
 
 
 class HarnessSweeper(BasicSweeper):
-    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None,
+                 exclude: Optional[List[Dict[str, Any]]] = None):
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.rejected = 0
+        self.exclude = exclude or []
 
     def get_job_batch(self) -> List[List[str]]:
         from harness.cli.plugin_api import note_sweep_size, one_line, record_rejected, say
+        from harness.config.exclude import excluding_rule
 
         batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
         note_sweep_size(self._sweep_dir(), len(batch), 0, batch)  # the varying keys, before any job is recorded
-        legal = []
+        legal, excluded = [], 0
         for overrides in batch:
             try:
-                self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             except Exception as err:  # noqa: BLE001 - Hydra's message is the reason we record
                 self.rejected += 1
                 record_rejected(self.config, list(overrides), one_line(err), self.rejected)
                 continue
+            if excluding_rule(cfg, self.exclude) is not None:
+                excluded += 1
+                continue
             legal.append(overrides)
         total = sum(len(b) for b in self.overrides)
-        note_sweep_size(self._sweep_dir(), len(legal), self.rejected, batch)
-        say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected → {self._sweep_dir()}")
+        note_sweep_size(self._sweep_dir(), len(legal), self.rejected, [b for b in batch if b in legal] or batch)
+        left_out = f", {excluded} excluded by hydra.sweeper.exclude" if excluded else ""
+        say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected{left_out} → {self._sweep_dir()}")
         return legal
 
     def validate_batch_is_legal(self, batch) -> None:
