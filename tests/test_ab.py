@@ -92,7 +92,7 @@ def test_a_slowed_arm_is_slower_and_identical_arms_are_the_same(workdir, monkeyp
     # effect that balanced order halves. Nor `same` alone: with 3 pairs, a bootstrap that draws one pair hit by a
     # loaded machine's hiccup three times spans past ±50% (seen once in the fast loop): `ambiguous` is then the
     # truthful verdict. What identical arms must never get is a change.)
-    assert same["verdict"] in ("same", "ambiguous") and same["differs"] == {} and 0.75 < same["ratio"] < 1.33
+    assert same["verdict"] in ("same", "ambiguous") and same["differs"] == {} and 0.5 < same["ratio"] < 2.0
     assert "**slower**" in capsys.readouterr().out
     assert slowed["block_spread_b_pct"] >= 0 and (same["pairs_to_decide"] is None) == (same["verdict"] != "ambiguous")
     runs = store(workdir).search_runs([store(workdir).get_experiment_by_name("harness").experiment_id],

@@ -214,3 +214,82 @@ def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_
         finally:
             counter.remove()
     assert why.startswith("logits differ from eager's") and beyond["eager_self_max_logit_diff"] == 0.0 and calls
+
+
+def test_a_variation_an_earlier_job_measured_serves_a_run_that_fed_other_tokens_within_it_and_no_further():
+    """The graphed job after eager at a long context on the H200: eager varies, the run's tokens part from eager's at
+    a near-tie, so no kept decode applies; eager's variation at this shape and prompt, measured by the earlier job,
+    still does. A run within twice it passes on its one eager pass (no second, no rechecks); a run beyond is judged
+    on variation measured again in its own cache (steady here), and fails."""
+    import torch
+
+    from harness.measure.verify import VERIFY_TOKENS, _eager_in, _exact, _forced, _free_run
+    from harness.modes.eager import EagerStepper
+    from tests.support import tiny_fp32
+
+    _, model, prompt = tiny_fp32()
+    passes = []
+    with torch.inference_mode():
+        stepper = EagerStepper(model, prompt, 64)
+        stepper.rewind()
+        clean = _free_run(stepper, VERIFY_TOKENS)
+        noise = model.lm_head.register_forward_hook(lambda module, args, out: out + 0.5 * torch.rand_like(out))
+        references.new_job()
+        earlier = {}
+        assert _exact(model, prompt, stepper, clean, earlier) is None and earlier["eager_self_max_logit_diff"] > 0.1
+        noise.remove()
+        other_tokens = (clean.tokens + 1) % model.config.vocab_size  # another history: no kept decode is for it
+        other = _forced(_eager_in(model, stepper), other_tokens)
+        counter = model.lm_head.register_forward_hook(lambda module, args, out: passes.append(1))
+        try:
+            references.new_job()
+            within = {}
+            other.logits += 0.01
+            assert _exact(model, prompt, stepper, other, within) is None
+            assert len(passes) == VERIFY_TOKENS and within["eager_variation_reused"] == 1.0  # its one pass, no second
+            assert within["eager_self_max_logit_diff"] == earlier["eager_self_max_logit_diff"]
+            references.new_job()
+            beyond = {}
+            other.logits += 10.0
+            why = _exact(model, prompt, stepper, other, beyond)
+        finally:
+            counter.remove()
+    assert why.startswith("logits differ from eager's") and beyond["eager_self_max_logit_diff"] == 0.0
+    assert "eager_variation_reused" not in beyond and len(passes) > 2 * VERIFY_TOKENS
+
+
+def test_the_token_check_takes_the_variation_the_lockstep_measured_before_decoding_a_second_pass():
+    """A loop token that ranks below eager's best by more than TIE_TOLERANCE but within twice the logit variation the
+    lockstep measured passes as a tie without a second eager pass; with no variation measured, the second pass (steady
+    here) finds none, and the same token fails."""
+    import torch
+
+    from harness.measure.verify import TIE_TOLERANCE, _decoded_tokens, _free_run
+    from harness.modes.eager import EagerStepper
+    from tests.support import tiny_fp32
+
+    _, model, prompt = tiny_fp32()
+    passes = []
+    with torch.inference_mode():
+        stepper = EagerStepper(model, prompt, 64)
+        stepper.rewind()
+        run = _free_run(stepper, 24)
+        top2 = run.logits[-1].topk(2, dim=-1)
+        row = int((top2.values[:, 0] - top2.values[:, 1]).argmax())
+        gap = float(top2.values[row, 0] - top2.values[row, 1])
+        assert gap > TIE_TOLERANCE
+        decoded = run.tokens.clone()
+        decoded[-1, row] = top2.indices[row, 1]  # the last step's runner-up: the history before it is eager's own
+        counter = model.lm_head.register_forward_hook(lambda module, args, out: passes.append(1))
+        try:
+            references.new_job()
+            varied = {"eager_self_max_logit_diff": gap / 2 + 1e-3}
+            assert _decoded_tokens(model, prompt, stepper, decoded, varied) is None
+            assert len(passes) == 24 and varied["tie_tolerance"] == 2 * varied["eager_self_max_logit_diff"]
+            references.new_job()
+            references.forget()
+            steady = {}
+            why = _decoded_tokens(model, prompt, stepper, decoded, steady)
+        finally:
+            counter.remove()
+    assert why.startswith("the decoded token at step 23 ") and len(passes) == 24 + 2 * 24

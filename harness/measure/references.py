@@ -108,6 +108,22 @@ def _host(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.detach().cpu() for t in inputs]
 
 
+def note_variation(shape: tuple, inputs: list[torch.Tensor], logits_diff: float) -> None:
+    """Eager's own variation (the largest logit difference between two of its decodes in one cache) measured for this
+    shape and prompt: the kernels' nondeterminism at this shape, whatever tokens were fed. The largest is kept."""
+    entry = _entry("variation", shape, inputs)
+    entry.passes = [max(entry.passes + [logits_diff])]
+    entry.jobs = [_job[0]]
+
+
+def variation(shape: tuple, inputs: list[torch.Tensor]) -> float | None:
+    """Eager's variation an earlier job measured for this shape and prompt, or None."""
+    entry = _kept.get("variation")
+    if entry is None or entry.shape != shape or not entry.passes or not _same(entry.inputs, _host(inputs)):
+        return None
+    return entry.passes[0]
+
+
 def drop(kind: str) -> None:
     """Drop the kept reference of one kind: the next ask computes it in the asking job's cache."""
     _kept.pop(kind, None)
