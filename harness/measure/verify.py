@@ -203,13 +203,7 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     first = eager(0)
     diff, own = _max_diff(run.logits, first.logits), None
     if diff > 0:  # where the run equals eager bit for bit it passes at any variation: none is measured
-        if (kept := references.passes_of_one_earlier_job("forced")) >= 2:
-            # an earlier job measured eager's variation between its own passes, in one cache: within it, the run passes
-            own = max(_max_diff(eager(index).logits, first.logits) for index in range(1, kept))
-        if (own is None or diff > 2 * own) and (earlier := references.variation(shape, inputs[:2])) is not None:
-            if diff <= 2 * earlier:
-                own = earlier
-                metrics["eager_variation_reused"] = 1.0
+        own = _variation_measured_before(shape, inputs, diff, eager, first, metrics)
         if own is None or diff > 2 * own:
             if references.from_earlier_job("forced"):
                 # eager's variation is measured between decodes in one cache: an earlier job's pass against this
@@ -227,6 +221,19 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
                 f"{run.tokens.shape[0]} steps, where eager differs from itself by {own:.4g}")
     return None
+
+
+def _variation_measured_before(shape, inputs, diff: float, eager, first: Trace, metrics) -> float | None:
+    """Eager's variation an earlier job measured already: between its own passes over these very tokens, in one cache
+    (within it, the run passes), else, where the run is within twice it, at this shape and prompt over other tokens."""
+    own = None
+    if (kept := references.passes_of_one_earlier_job("forced")) >= 2:
+        own = max(_max_diff(eager(index).logits, first.logits) for index in range(1, kept))
+    if (own is None or diff > 2 * own) and (earlier := references.variation(shape, inputs[:2])) is not None:
+        if diff <= 2 * earlier:
+            own = earlier
+            metrics["eager_variation_reused"] = 1.0
+    return own
 
 
 def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Tensor,
