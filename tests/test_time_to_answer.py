@@ -177,22 +177,16 @@ def test_a_prefill_of_the_valid_prefix_decodes_what_transformers_prefill_into_th
                 stepper.input_ids.copy_(x.argmax(-1, keepdim=True))
 
 
-def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_no_further():
-    """Eager that varies (noise on its logits, as SDPA over a long cache does on the H200) in the job that computed
-    the references: the next job's run within twice that variation passes on the kept passes alone, without an
-    eager step; a run beyond it is judged again on eager decodes in its own cache (steady here), and fails."""
+def _a_job_that_measured_eager_varying():
+    """A job whose eager varies (noise on its logits, as SDPA over a long cache does on the H200) checked a clean run:
+    the model, prompt, stepper, that run, and the job's metrics (eager's measured variation among them)."""
     import torch
 
-    from harness.measure.verify import VERIFY_TOKENS, Trace, _exact, _free_run
+    from harness.measure.verify import VERIFY_TOKENS, _exact, _free_run
     from harness.modes.eager import EagerStepper
     from tests.support import tiny_fp32
 
     _, model, prompt = tiny_fp32()
-    calls = []
-
-    def count(module, args, out):
-        calls.append(1)
-
     with torch.inference_mode():
         stepper = EagerStepper(model, prompt, 64)
         stepper.rewind()
@@ -202,6 +196,24 @@ def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_
         earlier = {}
         assert _exact(model, prompt, stepper, clean, earlier) is None and earlier["eager_self_max_logit_diff"] > 0.1
         noise.remove()
+    return model, prompt, stepper, clean, earlier
+
+
+def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_no_further():
+    """Eager that varies (noise on its logits, as SDPA over a long cache does on the H200) in the job that computed
+    the references: the next job's run within twice that variation passes on the kept passes alone, without an
+    eager step; a run beyond it is judged again on eager decodes in its own cache (steady here), and fails."""
+    import torch
+
+    from harness.measure.verify import Trace, _exact
+
+    model, prompt, stepper, clean, earlier = _a_job_that_measured_eager_varying()
+    calls = []
+
+    def count(module, args, out):
+        calls.append(1)
+
+    with torch.inference_mode():
         counter = model.lm_head.register_forward_hook(count)
         try:
             references.new_job()
@@ -223,21 +235,11 @@ def test_a_variation_an_earlier_job_measured_serves_a_run_that_fed_other_tokens_
     on variation measured again in its own cache (steady here), and fails."""
     import torch
 
-    from harness.measure.verify import VERIFY_TOKENS, _eager_in, _exact, _forced, _free_run
-    from harness.modes.eager import EagerStepper
-    from tests.support import tiny_fp32
+    from harness.measure.verify import VERIFY_TOKENS, _eager_in, _exact, _forced
 
-    _, model, prompt = tiny_fp32()
+    model, prompt, stepper, clean, earlier = _a_job_that_measured_eager_varying()
     passes = []
     with torch.inference_mode():
-        stepper = EagerStepper(model, prompt, 64)
-        stepper.rewind()
-        clean = _free_run(stepper, VERIFY_TOKENS)
-        noise = model.lm_head.register_forward_hook(lambda module, args, out: out + 0.5 * torch.rand_like(out))
-        references.new_job()
-        earlier = {}
-        assert _exact(model, prompt, stepper, clean, earlier) is None and earlier["eager_self_max_logit_diff"] > 0.1
-        noise.remove()
         other_tokens = (clean.tokens + 1) % model.config.vocab_size  # another history: no kept decode is for it
         other = _forced(_eager_in(model, stepper), other_tokens)
         counter = model.lm_head.register_forward_hook(lambda module, args, out: passes.append(1))
