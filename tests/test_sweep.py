@@ -117,3 +117,16 @@ def test_a_sweeps_exclude_rules_leave_their_jobs_out_unrun_and_unrecorded(workdi
     _, _, children = runs_by_kind(store(workdir))
     assert sorted((c.data.params["bs"], c.data.params["dtype"]) for c in children) == [
         ("1", "bf16"), ("1", "fp32"), ("2", "fp32")]
+    # `harness plan` leaves out what the sweep would, names each job as its run would be named, and estimates the
+    # jobs that ran from their recorded phases; a config never run says so and is not counted in the total
+    plan = run_harness("plan", *FAST, "bs=1,2,3", "mode=eager", "dtype=fp32,bf16",
+                       "hydra.sweeper.exclude=[{bs:2,dtype:bf16}]", cwd=workdir)
+    assert plan.returncode == 0, plan.stderr
+    lines = plan.stdout.splitlines()
+    assert lines[0] == "5 jobs (1 more excluded: bs=2 dtype=bf16)"
+    by_label = {line.split("  ")[-1].strip(): line for line in lines[1:6]}
+    ran = [f"tiny bs={bs} ctx=8 cache=64 eager dtype={dtype}" for bs, dtype in (("1", "fp32"), ("1", "bf16"), ("2", "fp32"))]
+    assert all("(median of 1 past run)" in by_label[label] for label in ran), plan.stdout
+    assert all("no past run" in by_label[f"tiny bs=3 ctx=8 cache=64 eager dtype={d}"] for d in ("fp32", "bf16"))
+    assert lines[6].startswith("total: ") and lines[6].endswith(" s for the 3 jobs that ran before; 2 never ran here")
+    assert float(lines[6].split()[1]) > 0

@@ -8,8 +8,10 @@ import statistics
 from omegaconf import OmegaConf
 
 from harness.config.exclude import describe, excluding_rule
+from harness.config.labels import run_label, varying_keys
 from harness.config.schema import CONF_DIR, config_hash
 from harness.config.validate import check_overrides, to_run_config
+from harness.record import flatten
 
 # the phases a job's time is made of (the metrics every finished run logs)
 PHASES = ("build_ms", "prepare_ms", "prefill_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
@@ -35,9 +37,9 @@ def jobs_of(overrides: list[str]) -> tuple[list[list[str]], list]:
     return [list(job) for job in jobs], rules
 
 
-def identity_of(job: list[str], rules=()) -> tuple[str, str] | None:
-    """(label, config hash) of one job, as its run would record them, or None where an exclude rule leaves it out;
-    a job the schema refuses says why."""
+def identity_of(job: list[str], rules=(), varying=()) -> tuple[str, str] | None:
+    """(label, config hash) of one job, as its run would record them (the label names the `varying` keys the sweep
+    varies, as a run's does), or None where an exclude rule leaves it out; a job the schema refuses says why."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -47,7 +49,8 @@ def identity_of(job: list[str], rules=()) -> tuple[str, str] | None:
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     run = to_run_config(cfg)  # a ConfigError here: the line names the bad value
     config["cache_len"] = run.cache_len
-    return run.label, config_hash(config)
+    label = run_label({**flatten(config), "cache_len": run.cache_len}, varying) if varying else run.label
+    return label, config_hash(config)
 
 
 def past_seconds(uri: str, experiment: str, hashes: set[str]) -> dict[str, list[float]]:
@@ -64,7 +67,8 @@ def past_seconds(uri: str, experiment: str, hashes: set[str]) -> dict[str, list[
 def plan(uri: str | None, experiment: str, overrides: list[str]) -> int:
     check_overrides(overrides)
     jobs, rules = jobs_of(overrides)
-    identities = [(" ".join(job), identity_of(job, rules)) for job in jobs]
+    varying = varying_keys(jobs)
+    identities = [(" ".join(job), identity_of(job, rules, varying)) for job in jobs]
     rows = [(job, *identity) for job, identity in identities if identity is not None]
     past = past_seconds(uri, experiment, {h for *_, h in rows}) if uri else {}
     known, total = 0, 0.0
