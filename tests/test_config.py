@@ -121,9 +121,9 @@ def test_every_experiment_preset_composes_into_valid_jobs(preset):
 
 def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_and_every_backend_graphed():
     """The sweep's exclude rules, applied to the real preset as `harness plan` and the sweeper apply them. Bugs
-    caught: a rule that excludes nothing (an enum compared by its repr), or too much (a graphed run, or the eager
-    baseline a graphed run's speedup needs); a mode axis not last (a graphed job then does not follow the eager one
-    whose references it can take)."""
+    caught: a rule that excludes nothing, or too much (a graphed run, or the eager baseline a graphed run's speedup
+    needs); a mode axis not last (a graphed job then does not follow the eager one whose references it can take).
+    (A rule on an enum key, dtype, is tests/test_sweep.py's.)"""
     from harness.cli.plan import identity_of, jobs_of
 
     jobs, rules = jobs_of(["+experiment=context"])

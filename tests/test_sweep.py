@@ -110,6 +110,7 @@ def test_a_run_reruns_from_its_saved_hydra_config(workdir):
 
 
 def test_a_sweeps_exclude_rules_leave_their_jobs_out_unrun_and_unrecorded(workdir):
+    # dtype is an enum in the composed config: a rule compared with its repr (DType.bf16) would exclude nothing
     proc = run_harness("-m", *FAST, "bs=1,2", "mode=eager", "dtype=fp32,bf16",
                        "hydra.sweeper.exclude=[{bs:2,dtype:bf16}]", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
