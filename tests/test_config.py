@@ -135,3 +135,29 @@ def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_an
     assert combos == ({(bs, ctx, attn, "graphed") for bs, ctx in grid for attn in ("sdpa", "sdpa-gqa", "flex")}
                       | {(bs, ctx, "sdpa", "eager") for bs, ctx in grid})
     assert [r.mode for r in runs[:2]] == ["eager", "graphed"] and runs[0].attn == runs[1].attn == "sdpa"
+
+
+def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys):
+    """`harness plan --past DIR` with no store: each job's estimate is the median of its config's finished runs among
+    the result files (the sum of their phases), the total is their sum, and a config that never finished says so.
+    Computed here by hand from the files. Bugs caught: a killed run counted, a config's runs not grouped by hash (the
+    eager run at bs=32, context 4096 finished on both leases), the total summed over runs instead of configs."""
+    import statistics
+
+    from harness.cli import commands
+
+    folder = REPO / "docs" / "results" / "h200-context"
+    phases = ("build_ms", "prepare_ms", "prefill_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
+    by_hash: dict[str, list[float]] = {}
+    for path in folder.glob("**/result.json"):
+        record = json.loads(path.read_text())
+        if record["status"] == "FINISHED":
+            by_hash.setdefault(record["config_hash"], []).append(sum(record["metrics"].get(p, 0.0) for p in phases) / 1e3)
+    expected = sum(statistics.median(seconds) for seconds in by_hash.values())
+    assert commands.main(["plan", "+experiment=context", "--past", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "48 jobs (24 more excluded: mode=eager attn=sdpa-gqa; mode=eager attn=flex)"
+    assert out[-1] == f"total: {expected:.1f} s for the 46 jobs that ran before; 2 never ran here"
+    twice = [line for line in out if line.endswith("qwen3-0.6b bs=32 ctx=4096 cache=4352 eager")]
+    assert len(twice) == 1 and "(median of 2 past runs)" in twice[0]
+    assert sum("no past run" in line for line in out) == 2 and len(by_hash) == 46

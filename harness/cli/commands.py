@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "store's past runs of the same config, and the total (runs nothing)")
     p.add_argument("-m", "--multirun", action="store_true", help="accepted as the sweep would take it (ignored)")
     p.add_argument("--experiment", default="harness")
+    p.add_argument("--past", type=Path, action="append", default=[], metavar="DIR",
+                   help="a folder of result files (a sweep's, or docs/results/...) whose finished runs estimate too")
     p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="as the sweep's command line")
     p = sub.add_parser("ui", parents=[store], help="browse the store in MLflow's UI (on 127.0.0.1 unless told otherwise)")
     p.add_argument("--host", default="127.0.0.1")
@@ -127,7 +129,7 @@ def _run(args, uri: str) -> int:
         from harness.cli.plan import plan
 
         has_store = not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file()
-        return plan(uri if has_store else None, args.experiment, args.overrides)
+        return plan(uri if has_store else None, args.experiment, args.overrides, args.past)
     return ui(uri, args.host, args.port)
 
 

@@ -1,9 +1,10 @@
-"""`harness plan [-m] OVERRIDES...`: the jobs a command would run, each with the time it took before (the store's
-finished runs of the same config, by their recorded phases), and the total. Reads only: it runs nothing and
-creates no store."""
+"""`harness plan [-m] OVERRIDES... [--past DIR]`: the jobs a command would run, each with the time it took before (the
+store's finished runs of the same config, and those among the result files under each DIR, by their recorded
+phases), and the total. Reads only: it runs nothing and creates no store."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -64,17 +65,33 @@ def past_seconds(uri: str, experiment: str, hashes: set[str]) -> dict[str, list[
     return found
 
 
-def plan(uri: str | None, experiment: str, overrides: list[str]) -> int:
+def past_seconds_in_files(folders: list[Path], hashes: set[str]) -> dict[str, list[float]]:
+    """config hash -> the wall seconds of each FINISHED run of it among the result files under `folders` (sweep
+    folders, or committed results such as docs/results/...), the sum of its phases as in the store."""
+    from harness.store import results
+
+    found: dict[str, list[float]] = {}
+    for folder in folders:
+        for record in results.read_folder(folder):
+            if record.status == "FINISHED" and record.config_hash in hashes:
+                found.setdefault(record.config_hash, []).append(sum(record.metrics.get(p, 0.0) for p in PHASES) / 1e3)
+    return found
+
+
+def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: list[Path] = ()) -> int:
     check_overrides(overrides)
     jobs, rules = jobs_of(overrides)
     varying = varying_keys(jobs)
     identities = [(" ".join(job), identity_of(job, rules, varying)) for job in jobs]
     rows = [(job, *identity) for job, identity in identities if identity is not None]
-    past = past_seconds(uri, experiment, {h for *_, h in rows}) if uri else {}
+    hashes = {h for *_, h in rows}
+    past = past_seconds(uri, experiment, hashes) if uri else {}
+    for h, seconds in past_seconds_in_files(list(past_folders), hashes).items():
+        past.setdefault(h, []).extend(seconds)
     known, total = 0, 0.0
     left_out = len(jobs) - len(rows)
     excluded = f" ({left_out} more excluded: {'; '.join(describe(r) for r in rules)})" if left_out else ""
-    print(f"{len(rows)} jobs{excluded}" + ("" if uri else " (no store here: no past runs to estimate from)"))
+    print(f"{len(rows)} jobs{excluded}" + ("" if uri or past_folders else " (no store here: no past runs to estimate from)"))
     for i, (_, label, h) in enumerate(rows):
         seconds = past.get(h)
         if seconds:
