@@ -124,10 +124,11 @@ def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_an
     caught: a rule that excludes nothing, or too much (a graphed run, or the eager baseline a graphed run's speedup
     needs); a mode axis not last (a graphed job then does not follow the eager one whose references it can take).
     (A rule on an enum key, dtype, is tests/test_sweep.py's.)"""
-    from harness.cli.plan import identity_of, jobs_of
+    from harness.cli.plan import composed, jobs_of
+    from harness.config.exclude import excluding_rule
 
     jobs, rules = jobs_of(["+experiment=context"])
-    kept = [job for job in jobs if identity_of(job, rules) is not None]
+    kept = [job for job in jobs if excluding_rule(composed(job), rules) is None]
     runs = [run_config(*job) for job in kept]
     combos = {(r.bs, r.context_len, r.attn, r.mode) for r in runs}
     grid = [(bs, ctx) for bs in (1, 8, 32) for ctx in (1024, 4096, 16384, 32768)]

@@ -38,15 +38,17 @@ def jobs_of(overrides: list[str]) -> tuple[list[list[str]], list]:
     return [list(job) for job in jobs], rules
 
 
-def identity_of(job: list[str], rules=(), varying=()) -> tuple[str, str] | None:
-    """(label, config hash) of one job, as its run would record them (the label names the `varying` keys the sweep
-    varies, as a run's does), or None where an exclude rule leaves it out; a job the schema refuses says why."""
+def composed(job: list[str]):
+    """One job's config, as the sweeper composes it."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=job)
-    if excluding_rule(cfg, rules) is not None:
-        return None
+        return compose(config_name="config", overrides=job)
+
+
+def identity_of(cfg, varying=()) -> tuple[str, str]:
+    """(label, config hash) of one composed job, as its run would record them (the label names the `varying` keys
+    the sweep varies, as a run's does); a job the schema refuses says why."""
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     run = to_run_config(cfg)  # a ConfigError here: the line names the bad value
     config["cache_len"] = run.cache_len
@@ -81,9 +83,9 @@ def past_seconds_in_files(folders: list[Path], hashes: set[str]) -> dict[str, li
 def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: list[Path] = ()) -> int:
     check_overrides(overrides)
     jobs, rules = jobs_of(overrides)
-    varying = varying_keys(jobs)
-    identities = [(" ".join(job), identity_of(job, rules, varying)) for job in jobs]
-    rows = [(job, *identity) for job, identity in identities if identity is not None]
+    kept = [(job, cfg) for job, cfg in ((job, composed(job)) for job in jobs) if excluding_rule(cfg, rules) is None]
+    varying = varying_keys([job for job, _ in kept])  # over the jobs a sweep records, as the sweeper counts them
+    rows = [(" ".join(job), *identity_of(cfg, varying)) for job, cfg in kept]
     hashes = {h for *_, h in rows}
     past = past_seconds(uri, experiment, hashes) if uri else {}
     for h, seconds in past_seconds_in_files(list(past_folders), hashes).items():

@@ -45,7 +45,7 @@ class HarnessSweeper(BasicSweeper):
 
         batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
         note_sweep_size(self._sweep_dir(), len(batch), 0, batch)  # the varying keys, before any job is recorded
-        legal, excluded = [], 0
+        legal, excluded = [], []
         for overrides in batch:
             try:
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -54,12 +54,13 @@ class HarnessSweeper(BasicSweeper):
                 record_rejected(self.config, list(overrides), one_line(err), self.rejected)
                 continue
             if excluding_rule(cfg, self.exclude) is not None:
-                excluded += 1
+                excluded.append(overrides)
                 continue
             legal.append(overrides)
         total = sum(len(b) for b in self.overrides)
-        note_sweep_size(self._sweep_dir(), len(legal), self.rejected, [b for b in batch if b in legal] or batch)
-        left_out = f", {excluded} excluded by hydra.sweeper.exclude" if excluded else ""
+        # the keys that name runs vary over every recorded job, the rejected included; an excluded job is not recorded
+        note_sweep_size(self._sweep_dir(), len(legal), self.rejected, [b for b in batch if b not in excluded])
+        left_out = f", {len(excluded)} excluded by hydra.sweeper.exclude" if excluded else ""
         say(f"sweep: {total} jobs, {len(legal)} to run, {self.rejected} rejected{left_out} → {self._sweep_dir()}")
         return legal
 
