@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--format", default="csv", choices=("csv", "json"))
     p.add_argument("--out", type=Path, default=None, help="a file to write (default: stdout)")
+    _add_plan(sub, store)
+    p = sub.add_parser("ui", parents=[store], help="browse the store in MLflow's UI (on 127.0.0.1 unless told otherwise)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+    return parser
+
+
+def _add_plan(sub, store) -> None:
     p = sub.add_parser("plan", parents=[store], help="the jobs a command would run, with each one's time from the "
                        "store's past runs of the same config, and the total (runs nothing)")
     p.add_argument("-m", "--multirun", action="store_true", help="accepted as the sweep would take it (ignored)")
@@ -68,10 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--past", type=Path, action="append", default=[], metavar="DIR",
                    help="a folder of result files (a sweep's, or docs/results/...) whose finished runs estimate too")
     p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="as the sweep's command line")
-    p = sub.add_parser("ui", parents=[store], help="browse the store in MLflow's UI (on 127.0.0.1 unless told otherwise)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5000)
-    return parser
 
 
 def _add_ab(sub, store) -> None:
