@@ -78,13 +78,7 @@ def loop_reference(logits: list[torch.Tensor], decoded: torch.Tensor, steps: int
     more where its feeding went wrong)."""
     if len(logits) != decoded.shape[0]:
         raise ValueError(f"the loop kept {len(logits)} logits for {decoded.shape[0]} decoded steps")
-    chosen, best = [], []
-    for out, tokens in zip(logits, decoded):
-        out = out.float()
-        best.append(out.max(dim=-1).values)
-        chosen.append(out.gather(-1, tokens[:, None])[:, 0])
-    chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
-    return LoopReference(torch.stack(logits[:steps]), (best_logits - chosen_logits, chosen_logits, best_logits))
+    return LoopReference(torch.stack(logits[:steps]), _gaps_of(logits, decoded))
 
 
 def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
@@ -300,18 +294,30 @@ def _token_gaps(model, stepper, decoded, keep_logits: int = 0) -> tuple[torch.Te
     """Eager fed the loop's tokens: how far below its best logit each token ranks, the token's logit and the
     best, each [steps, bs]; and, with keep_logits, the logits of that many first steps [steps, bs, vocab]. Step by
     step: [steps, bs, vocab] logits in fp32 would not fit at large bs."""
-    reference, chosen, best, kept = _eager_in(model, stepper), [], [], []
-    for i, tokens in enumerate(decoded):
-        out = reference.step()
-        if i < keep_logits:
-            kept.append(out.clone())
+    reference, kept = _eager_in(model, stepper), []
+
+    def steps():  # one step's logits at a time, each fed the loop's token after it
+        for i, tokens in enumerate(decoded):
+            out = reference.step()
+            if i < keep_logits:
+                kept.append(out.clone())
+            yield out
+            reference.input_ids.copy_(tokens[:, None])
+
+    gaps = _gaps_of(steps(), decoded)
+    return (*gaps, torch.stack(kept)) if keep_logits else gaps
+
+
+def _gaps_of(step_logits, decoded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How far below each step's best logit the token decoded at it ranks, that token's logit and the best, each
+    [steps, bs] in fp32, from each step's logits [bs, vocab] in turn (the whole [steps, bs, vocab] is never widened)."""
+    chosen, best = [], []
+    for out, tokens in zip(step_logits, decoded):
         logits = out.float()
         best.append(logits.max(dim=-1).values)
         chosen.append(logits.gather(-1, tokens[:, None])[:, 0])
-        reference.input_ids.copy_(tokens[:, None])
     chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
-    gaps = (best_logits - chosen_logits, chosen_logits, best_logits)
-    return (*gaps, torch.stack(kept)) if keep_logits else gaps
+    return best_logits - chosen_logits, chosen_logits, best_logits
 
 
 def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
