@@ -141,9 +141,9 @@ def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_fir
     assert warm["verified"] == 1.0 and any((workdir / "cache" / "compile" / "inductor").rglob("*"))
 
 
-@pytest.mark.parametrize("staging_bytes, mask_elements", [(4 << 30, 1 << 28), (1, 1 << 12)])
+@pytest.mark.parametrize("staging_bytes, mask_elements, forward_tokens", [(4 << 30, 1 << 28, 1 << 16), (1, 1 << 12, 1)])
 def test_a_prefill_of_the_valid_prefix_decodes_what_transformers_prefill_into_the_whole_cache_does(
-        monkeypatch, staging_bytes, mask_elements):
+        monkeypatch, staging_bytes, mask_elements, forward_tokens):
     """The fill that reads only the context (staged in a DynamicCache, rows in groups, the context in chunks: the
     second case forces one row a group and chunks of 128 tokens) against transformers' prefill into the static
     cache, each then decoding teacher-forced on the same tokens: the same first token, K/V, write position and
@@ -157,6 +157,7 @@ def test_a_prefill_of_the_valid_prefix_decodes_what_transformers_prefill_into_th
 
     monkeypatch.setattr(base, "PREFILL_STAGING_BYTES", staging_bytes)
     monkeypatch.setattr(base, "PREFILL_MASK_ELEMENTS", mask_elements)
+    monkeypatch.setattr(base, "PREFILL_FORWARD_TOKENS", forward_tokens)
     cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "model.tie_word_embeddings=false")
     model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
     prompt = seeded_prompt(3, 300, model.config.vocab_size, 0, torch.device("cpu"))

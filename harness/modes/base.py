@@ -36,19 +36,33 @@ def prefill_chunk(rows: int, context_len: int, cache_len: int) -> int:
 # A prefill stages a group of rows' K/V in a DynamicCache before copying them into the static cache: the group's
 # staged K/V stay under this many bytes (one row at a time where a row's alone is more).
 PREFILL_STAGING_BYTES = 4 << 30
+# A group's whole context goes through the model in one forward where it holds at most this many tokens (rows x
+# context): one causal forward needs no mask (SDPA's flash kernel, which reads the context once per block of
+# queries), where a second chunk attends through a mask over the chunks before it (SDPA's memory-efficient kernel,
+# reading that mask too). At this many tokens the activations stay within a few GB for the models here.
+PREFILL_FORWARD_TOKENS = 1 << 16
+
+
+def staged_prefill_chunk(rows: int, context_len: int) -> int:
+    """Tokens per forward of a staged prefill (its cache holds the context so far and nothing more): the whole
+    context where the group's fits in PREFILL_FORWARD_TOKENS, else chunks whose masks fit (prefill_chunk)."""
+    if rows * context_len <= PREFILL_FORWARD_TOKENS:
+        return context_len
+    return min(prefill_chunk(rows, context_len, context_len), max(128, PREFILL_FORWARD_TOKENS // rows // 128 * 128))
 
 
 def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor:
     """Eager prefill of the whole prompt that reads only the valid prefix; returns the first greedy token [rows, 1].
     Each group of rows runs through the model with a DynamicCache, which holds the context so far and nothing
     more (causal attention over it, without a mask over the static cache's empty slots: SDPA's fused kernels),
-    in chunks where it is long; its K/V are then copied into the static cache's first slots, and the cache's
-    write position set after them, as a prefill into the static cache leaves it."""
+    the whole context in one forward where it fits (no mask at all), else in chunks; its K/V are then copied into
+    the static cache's first slots, and the cache's write position set after them, as a prefill into the static
+    cache leaves it."""
     rows, context_len = prompt.shape
     layer = cache.layers[0]
     row_bytes = 2 * len(cache.layers) * layer.keys[0, :, :context_len].numel() * layer.keys.element_size()
     group = max(1, min(rows, PREFILL_STAGING_BYTES // max(row_bytes, 1)))
-    chunk = prefill_chunk(group, context_len, context_len)
+    chunk = staged_prefill_chunk(group, context_len)
     first = []
     for top in range(0, rows, group):
         staged = DynamicCache(config=model.config)
