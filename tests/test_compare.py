@@ -113,3 +113,29 @@ def test_gpu_fingerprints_are_told_apart_beyond_their_noise_and_not_as_environme
                        fingerprint_diff(base, slower_memory))
     assert "copy_gb_per_s 4005 → 3605 GB/s (-10.0%, noise ±5.0%)" in text
     assert "They differ beyond their noise in copy_gb_per_s" in text
+
+
+def test_a_folder_report_keeps_a_measured_run_over_a_later_interrupted_one(tmp_path):
+    """Two sweeps of one config, the second cut by its time limit: its KILLED record (no measurement) must not hide
+    the first's result; a later run that measured (passed or failed) still replaces an earlier one."""
+    from harness.analysis.report import from_folder, latest_of_each_config
+    from harness.store import results
+
+    def written(sweep: str, bs: int, status: str, started: str) -> JobRecord:
+        record = _record(bs, 10.0, status=status, model={"name": "tiny"})
+        record.config_hash, record.started = f"config-bs{bs}", started
+        record.metrics = {"step_ms_median": 10.0} if status == "FINISHED" else {}
+        record.reason = None if status == "FINISHED" else "interrupted" if status == "KILLED" else "a wrong token"
+        results.write(tmp_path / sweep / str(bs), record)
+        return record
+
+    measured = written("cold", 1, "FINISHED", "2026-12-02T11:40:00")
+    written("warm", 1, "KILLED", "2026-12-02T11:58:00")
+    written("cold", 2, "FINISHED", "2026-12-02T11:41:00")
+    failed_later = written("warm", 2, "FAILED", "2026-12-02T11:59:00")
+    latest = {r.config_hash: r for r in latest_of_each_config(tmp_path)[1]}
+    assert latest["config-bs1"].result_id == measured.result_id
+    assert latest["config-bs2"].result_id == failed_later.result_id
+    summary = from_folder(tmp_path, tmp_path / "report")[0].read_text()
+    assert "- interrupted before it measured, not in the table: tiny bs=1 KILLED" in summary
+    assert "- ran again later, not in the table: tiny bs=2 FINISHED" in summary

@@ -185,15 +185,17 @@ def from_folder(folder: Path, out_dir: Path | None) -> list[Path]:
     config that ran more than once shows its latest run; the earlier ones are listed under the table."""
     records, latest = latest_of_each_config(folder)
     kept = {id(r) for r in latest}
-    notes = [f"- {'skipped by resume' if r.status == 'SKIPPED' else 'ran again later'}, not in the table: "
+    why = {"SKIPPED": "skipped by resume", "KILLED": "interrupted before it measured"}
+    notes = [f"- {why.get(r.status, 'ran again later')}, not in the table: "
              f"{r.label} {r.status} ({r.job_dir or '?'})" for r in records if id(r) not in kept]
     return from_records(latest, f"results under {folder}", out_dir or default_dir(), notes)
 
 
 def latest_of_each_config(folder: Path) -> tuple[list[JobRecord], list[JobRecord]]:
-    """Every record under the folder, oldest first, and the latest of each config among them (a resumed
-    sweep's SKIPPED record sorts first, so it never replaces the run it stood for)."""
-    records = sorted(results.read_folder(folder), key=lambda r: (r.status != "SKIPPED", r.started))
+    """Every record under the folder, oldest first, and the latest of each config among them. A resumed sweep's
+    SKIPPED record, and a KILLED one (interrupted: it measured nothing), sort first, so neither replaces a run of its
+    config that measured (a second sweep cut by its time limit would otherwise hide the first sweep's result)."""
+    records = sorted(results.read_folder(folder), key=lambda r: (r.status not in ("SKIPPED", "KILLED"), r.started))
     return records, list({r.config_hash or r.result_id: r for r in records}.values())
 
 
