@@ -135,7 +135,9 @@ def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_an
     assert len(runs) == len(combos) == 48 and len(jobs) == 72
     assert combos == ({(bs, ctx, attn, "graphed") for bs, ctx in grid for attn in ("sdpa", "sdpa-gqa", "flex")}
                       | {(bs, ctx, "sdpa", "eager") for bs, ctx in grid})
-    assert [r.mode for r in runs[:2]] == ["eager", "graphed"] and runs[0].attn == runs[1].attn == "sdpa"
+    after_eager = [(a, b) for a, b in zip(runs, runs[1:]) if a.mode == "eager"]  # in the order the sweep runs them
+    assert len(after_eager) == 12 and all((b.mode, b.attn, b.bs, b.context_len) == ("graphed", "sdpa", a.bs, a.context_len)
+                                          for a, b in after_eager)
 
 
 def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys):
@@ -162,3 +164,18 @@ def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys):
     twice = [line for line in out if line.endswith("qwen3-0.6b bs=32 ctx=4096 cache=4352 eager")]
     assert len(twice) == 1 and "(median of 2 past runs)" in twice[0]
     assert sum("no past run" in line for line in out) == 2 and len(by_hash) == 46
+
+
+def test_plan_numbers_the_jobs_as_the_sweep_ran_them(workdir, capsys):
+    """`harness plan` lists a preset's jobs in the order the harness sweeper runs them (grouped by model, the grid's
+    order within one), checked against the job numbers of the models preset's sweep on the H200, whose result files
+    are committed. Bug caught: the plan listing Hydra's grid order (qwen3-0.6b first) while the sweep runs llama first."""
+    from harness.cli import commands
+
+    folder = REPO / "docs" / "results" / "h200-models" / "lease-66884a58-cold"
+    ran = {(r := json.loads(p.read_text()))["job_num"]: r["label"] for p in folder.glob("*/result.json")}
+    assert commands.main(["plan", "+experiment=models"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:-1]  # "  N   ESTIMATE  (WHERE FROM)  LABEL", between two lines
+    listed = {int(line.split()[0]): line.rsplit(")", 1)[1].strip() for line in lines}
+    assert len(listed) == 54 and len(ran) == 41
+    assert {n: listed[n] for n in ran} == ran

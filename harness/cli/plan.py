@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.config.exclude import describe, excluding_rule
-from harness.config.labels import run_label, varying_keys
+from harness.config.labels import in_run_order, run_label, varying_keys
 from harness.config.schema import CONF_DIR, config_hash
 from harness.config.validate import check_overrides, to_run_config
 from harness.record import flatten
@@ -35,7 +35,7 @@ def jobs_of(overrides: list[str]) -> tuple[list[list[str]], list]:
     keys = {o.split("=", 1)[0].lstrip("+~") for o in given}
     axes = [f"{k}={v}" for k, v in params.items() if k.lstrip("+~") not in keys] + given
     jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(axes), None)[0]
-    return [list(job) for job in jobs], rules
+    return in_run_order([list(job) for job in jobs]), rules
 
 
 def composed(job: list[str]):

@@ -1,12 +1,13 @@
 """What the Hydra plugins under hydra_plugins/ may call of the harness, and nothing more: the sweeper records a
-job that Hydra could not compose, and says how many jobs a sweep holds. Everything else stays free to change."""
+job that Hydra could not compose, orders the jobs as `harness plan` lists them, and says how many jobs a sweep holds.
+Everything else stays free to change."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from harness.cli.precheck import one_line  # Hydra's error on one line, as the command line gives it
 from harness.cli.sweep_file import update_sweep_file
-from harness.config.labels import varying_keys
+from harness.config.labels import in_run_order, varying_keys
 from harness.progress import say
 
 
@@ -38,4 +39,4 @@ def note_sweep_size(sweep_dir: Path, n_jobs: int, n_rejected: int, jobs: list[li
     update_sweep_file(sweep_dir, n_jobs=n_jobs, n_rejected=n_rejected, varying=varying_keys([list(j) for j in jobs]))
 
 
-__all__ = ["note_sweep_size", "one_line", "outcome", "record_died", "record_rejected", "say"]
+__all__ = ["in_run_order", "note_sweep_size", "one_line", "outcome", "record_died", "record_rejected", "say"]

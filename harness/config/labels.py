@@ -19,6 +19,18 @@ def shown_key(override_key: str) -> str:
     return "model.name" if key == "model" else key
 
 
+# The keys that decide which model object a job builds: a sweep runs the jobs of one value of them together
+MODEL_KEYS = ("model", "dtype", "attn", "device", "seed")
+
+
+def in_run_order(jobs: list[list[str]]) -> list[list[str]]:
+    """A sweep's jobs (each a list of `key=value` overrides) in the order the harness sweeper runs them: grouped by
+    the overrides that decide the model (stably: the grid's order within a group), so a process builds each once."""
+    def model_of(job: list[str]) -> tuple:
+        return tuple(o for o in job if o.split("=", 1)[0].lstrip("+~").split(".")[0] in MODEL_KEYS)
+    return sorted(jobs, key=model_of)
+
+
 def varying_keys(jobs: list[list[str]]) -> list[str]:
     """The keys whose values differ between the jobs of a sweep (each job a list of `key=value` overrides)."""
     values: dict[str, set] = {}

@@ -2,19 +2,16 @@
 
 BasicSweeper composes every job before launching any, and one bad value (`mode=eager,bogus`)
 aborts the whole sweep. This sweeper records such a job as FAILED with Hydra's own error and
-launches the rest. It also orders jobs by model, so a process builds each model once.
+launches the rest. It also orders jobs by model (in_run_order), so a process builds each model once.
 """
 # No `from __future__ import annotations` here: Hydra imports plugin modules by path, outside
 # sys.modules, and dataclasses then cannot resolve string annotations.
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
-
-MODEL_KEYS = ("model", "dtype", "attn", "device", "seed")
-
 
 @dataclass
 class HarnessSweeperConf:
@@ -28,10 +25,6 @@ class HarnessSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="harness", node=HarnessSweeperConf, provider="harness")
 
 
-def model_key(overrides: Sequence[str]) -> tuple:
-    return tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~").split(".")[0] in MODEL_KEYS)
-
-
 class HarnessSweeper(BasicSweeper):
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None,
                  exclude: Optional[List[Dict[str, Any]]] = None):
@@ -40,10 +33,10 @@ class HarnessSweeper(BasicSweeper):
         self.exclude = exclude or []
 
     def get_job_batch(self) -> List[List[str]]:
-        from harness.cli.plugin_api import note_sweep_size, one_line, record_rejected, say
+        from harness.cli.plugin_api import in_run_order, note_sweep_size, one_line, record_rejected, say
         from harness.config.exclude import excluding_rule
 
-        batch = sorted(super().get_job_batch(), key=model_key)  # stable: keeps Hydra's order within a model
+        batch = in_run_order(super().get_job_batch())  # by model, Hydra's order within one
         note_sweep_size(self._sweep_dir(), len(batch), 0, batch)  # the varying keys, before any job is recorded
         legal, excluded = [], []
         for overrides in batch:
