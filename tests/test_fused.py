@@ -58,7 +58,9 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
     assert m["kernel_launches_per_step"] == 7 * 2 + 1
-    assert tags["fused"] == "pdl=off split_k=on packed=on" and tags["captured"].startswith("no: ")
+    # on a CPU the GPU's techniques are off, and the tag says so
+    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off early_launch=off"
+    assert tags["captured"].startswith("no: ")
 
 
 def test_a_fused_graph_of_two_steps_is_judged_against_fp32_step_by_step():
@@ -146,6 +148,25 @@ def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch
     assert fused_decode.blocks_and_splits(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # 256 blocks: enough
 
 
+def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice(monkeypatch):
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
+    on = FusedOptions()
+
+    def chunk(n, k, bn, splits, options=on):  # bytes a thread, for bf16 64 x 128 tiles on four warps (128 threads)
+        return fused_decode.prefetch_chunk(n, k, bn, 128, splits, 4, 2, options)
+
+    # Llama-3.2-1B's gate/up: 256 programs of 16 tiles (256 KiB); 16 MiB / 256 = 64 KiB each: 512 bytes a thread
+    assert chunk(2 * 8192, 2048, 64, 1) == (16 << 20) // 256 // 128 == 512
+    # its qkv, 48 blocks x 8 splits: the budget (43690 bytes a program) exceeds a slice of 2 tiles (32 KiB)
+    assert chunk(3072, 2048, 64, 8) == 2 * 64 * 128 * 2 // 128 == 256
+    # its lm_head, 2004 programs: 8371 bytes a program, 65 a thread, down to the bulk prefetch's 16-byte unit
+    assert chunk(128256, 2048, 64, 1) == 64
+    assert chunk(128256, 2048, 64, 1, FusedOptions(prefetch=False)) == 0
+    assert chunk(128256, 2048, 64, 1, FusedOptions(packed=False)) == 0  # row-major: a program's tiles are apart
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: True)
+    assert chunk(2 * 8192, 2048, 64, 1) == 0  # Triton's interpreter runs no inline PTX
+
+
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
     cfg = run_config(*FUSED, "fused.pdl=false")
     assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")
@@ -165,21 +186,28 @@ from triton.compiler import ASTSource
 from harness.kernels.fused_decode import _matvec, _rope_append
 
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
-ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles"], "i32")
-names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL"]
+ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_chunk"], "i32")
+names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "EARLY", "PREFETCH_THREADS"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
-    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32),
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32, EARLY=True,
+         PREFETCH_THREADS=128),  # the next kernel launched at the start, this one's first weights asked of L2
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=False),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
     dict(INPUT=0, NORM=True, OUTPUT=3, SPLITS=2, BUMP=False, PACKED=True, X="*fp32", W="*fp32", Gain="*fp32"),  # dtype=fp32
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
-    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True), **{k: v for k, v in product.items() if not isinstance(v, str)}}
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, EARLY=False, PREFETCH_THREADS=0),
+              **{k: v for k, v in product.items() if not isinstance(v, str)}}
     ptx = triton.compile(ASTSource(_matvec, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     # PDL's wait and early launch in every product, and no TF32 (an fp32 run's products are exact)
     print("matvec", "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx and "tf32" not in ptx)
+    # the bulk prefetch, and the launch of the next kernel, before the wait where asked, after the loop where not
+    launch, prefetch, wait = (ptx.find(op) for op in ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
+                                                       "griddepcontrol.wait"))
+    print("order", (prefetch != -1) == bool(consts["PREFETCH_THREADS"]) and prefetch < wait
+          and (launch < wait) == consts["EARLY"])
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
            Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
            **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
@@ -197,4 +225,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True"] * 5 + ["rope_append", "True"]
+    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 5 + ["rope_append", "True"]

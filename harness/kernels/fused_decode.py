@@ -49,6 +49,10 @@ SMS = 132  # an H200's (and H100's) streaming multiprocessors
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 8
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
+# Bytes of weights a product's programs ask L2 for before their PDL wait, all programs together: the first tiles of
+# each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2, so that what one
+# kernel prefetches is not evicted by the next one's before it is read.
+L2_PREFETCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class FusedOptions:
     pdl: bool = True  # programmatic dependent launch on every kernel (a Hopper GPU; off on a CPU)
     split_k: bool = True  # split K where a product has too few column blocks to fill the GPU
     packed: bool = True  # weights in tile-major order (each program's tiles contiguous); off: row-major
+    prefetch: bool = True  # each program asks L2 for its first weights before its PDL wait (packed, on a GPU)
+    early_launch: bool = True  # a product lets the next kernel launch as it starts, not once its weights are read
 
 
 @triton.jit
@@ -68,6 +74,15 @@ def _pdl_start(PDL: tl.constexpr):
 def _pdl_wait(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _prefetch_to_l2(W, first, chunk_bytes, THREADS: tl.constexpr):
+    """Ask L2 for THREADS * chunk_bytes contiguous bytes of W from element `first` on: one Hopper bulk prefetch
+    (cp.async.bulk.prefetch.L2) a thread, which takes no registers and is not waited for."""
+    at = (W + first).to(tl.pointer_type(tl.int8)) + tl.arange(0, THREADS).to(tl.int64) * chunk_bytes
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                              [at, tl.full([THREADS], chunk_bytes, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -105,13 +120,18 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 @triton.jit
 def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
-            k_tiles, eps, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr, SPLITS: tl.constexpr,
-            BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr,
-            DOT: tl.constexpr, PDL: tl.constexpr):
+            k_tiles, eps, prefetch_chunk, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
+            SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False,
+            PREFETCH_THREADS: tl.constexpr = 0):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
+    if EARLY:  # the next kernel may be scheduled now; its wait still holds it until this one has finished
+        _pdl_start(PDL)
+    if PREFETCH_THREADS > 0:  # the packed tiles of this program's split are contiguous from its first one
+        _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_chunk, PREFETCH_THREADS)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
     # on tensor cores the weight tile is the left operand (W @ x.T, [BN, ROWS]): its columns fill the MMA's M, which
@@ -132,7 +152,8 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
         w = w_next
     if DOT:
         acc = tl.trans(acc)
-    _pdl_start(PDL)  # every weight is read: the next kernel may start loading its own
+    if not EARLY:
+        _pdl_start(PDL)  # every weight is read: the next kernel may start loading its own
     _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
            ROWS, BN)
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
@@ -242,6 +263,7 @@ class Product:
     dot: bool
     packed: bool
     warps: int = 4
+    prefetch_chunk: int = 0  # bytes each thread of a program asks L2 for before the PDL wait (0: no prefetch)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -303,13 +325,26 @@ def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]
     return bn, splits
 
 
+def prefetch_chunk(n: int, k: int, bn: int, bk: int, splits: int, warps: int, element_bytes: int,
+                   options: FusedOptions) -> int:
+    """Bytes each thread of a product's program asks L2 for before its PDL wait: the program's share of
+    L2_PREFETCH_BYTES, at most its slice of the weights, in the bulk prefetch's 16-byte units. 0 where it does not
+    apply: row-major weights (a program's tiles are not one run), or Triton's interpreter (no inline PTX)."""
+    if not (options.prefetch and options.packed) or interpreted():
+        return 0
+    programs = triton.cdiv(n, bn) * splits
+    slice_bytes = triton.cdiv(triton.cdiv(k, bk), splits) * bn * bk * element_bytes
+    return min(slice_bytes, L2_PREFETCH_BYTES // programs) // (32 * warps) // 16 * 16
+
+
 def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Product:
     """How to run x @ weight.T, and the weight as the kernel reads it."""
     n, k = weight.shape
     _, bk, warps = tile_sizes(n, k)
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable)
     return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits,
-                   not interpreted(), options.packed, warps)  # (Triton's interpreter computes a bf16 tl.dot wrongly)
+                   not interpreted(), options.packed, warps,  # (Triton's interpreter computes a bf16 tl.dot wrongly)
+                   prefetch_chunk(n, k, bn, bk, splits, warps, weight.element_size(), options))
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> Product:
@@ -317,8 +352,9 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> 
     k = gate.shape[1]
     bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
     paired = pair_blocks(gate, up, bn // 2)
-    return Product(pack(paired, bn, bk) if options.packed else paired, paired.shape[0], k, bn, bk, 1, not interpreted(),
-                   options.packed, warps)
+    n = paired.shape[0]
+    return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
+                   options.packed, warps, prefetch_chunk(n, k, bn, bk, 1, warps, paired.element_size(), options))
 
 
 @dataclass
@@ -405,10 +441,11 @@ class FusedDecoder:
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
             self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
-            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, INPUT=input, NORM=gain is not None,
-            OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows,
-            BN=product.bn, BK=product.bk, PACKED=product.packed, DOT=product.dot, num_warps=product.warps,
-            **self._launch())
+            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_chunk, INPUT=input,
+            NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
+            ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk, PACKED=product.packed,
+            DOT=product.dot, EARLY=self.options.early_launch, PREFETCH_THREADS=32 * product.warps if
+            product.prefetch_chunk else 0, num_warps=product.warps, **self._launch())
 
     def _launch(self) -> dict:
         return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)
