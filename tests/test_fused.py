@@ -167,6 +167,19 @@ def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice
     assert chunk(2 * 8192, 2048, 64, 1) == 0  # Triton's interpreter runs no inline PTX
 
 
+def test_the_rolling_prefetch_runs_as_far_ahead_as_the_first_prefetch_reached(monkeypatch):
+    def ahead(chunk, bn=64):  # K columns between the tile loaded and the tile asked of L2, for bf16 x 128-wide tiles
+        weight = torch.empty(1, dtype=torch.bfloat16)
+        return fused_decode.Product(weight, 2 * 8192, 2048, bn, 128, 1, True, True, 4, chunk).prefetch_ahead
+
+    assert ahead(512) == 4 * 128  # gate/up's 64 KiB a program: 4 tiles of 64 x 128 x 2 bytes
+    assert ahead(512, bn=16) == 16 * 128  # 16-column tiles of 4 KiB: 16 of them
+    assert ahead(64) == 128  # lm_head's 8 KiB, under a tile: still the next tile
+    assert ahead(0) == 0  # no prefetch at all
+    monkeypatch.setattr(fused_decode, "ROLLING_PREFETCH", False)
+    assert ahead(512) == 0
+
+
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
     cfg = run_config(*FUSED, "fused.pdl=false")
     assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")
@@ -186,7 +199,8 @@ from triton.compiler import ASTSource
 from harness.kernels.fused_decode import _matvec, _rope_append
 
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
-ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_chunk"], "i32")
+ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_chunk",
+                     "prefetch_ahead"], "i32")
 names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "EARLY", "PREFETCH_THREADS"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),

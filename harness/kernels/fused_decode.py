@@ -53,6 +53,9 @@ INTERPRETED_BN, INTERPRETED_BK = 256, 32
 # each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2, so that what one
 # kernel prefetches is not evicted by the next one's before it is read.
 L2_PREFETCH_BYTES = 16 << 20
+# ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
+# window of prefetches in flight per program, where registers hold only the next tile
+ROLLING_PREFETCH = True
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 @triton.jit
 def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
-            k_tiles, eps, prefetch_chunk, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
+            k_tiles, eps, prefetch_chunk, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False,
             PREFETCH_THREADS: tl.constexpr = 0):
@@ -139,6 +142,11 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     for k0 in range(k_start, k_end, BK):  # the next tile is loaded before this one is used
+        if PREFETCH_THREADS > 0 and prefetch_ahead > 0:  # the tile `prefetch_ahead` columns on, into L2
+            if k0 + prefetch_ahead < k_end:
+                _prefetch_to_l2(W, (pid_n * k_tiles + (k0 + prefetch_ahead) // BK) * BN * BK,
+                                BN * BK * (W.dtype.element_ty.primitive_bitwidth // 8) // PREFETCH_THREADS,
+                                PREFETCH_THREADS)
         w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
         x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
         squares += sq
@@ -264,6 +272,15 @@ class Product:
     packed: bool
     warps: int = 4
     prefetch_chunk: int = 0  # bytes each thread of a program asks L2 for before the PDL wait (0: no prefetch)
+
+    @property
+    def prefetch_ahead(self) -> int:
+        """Columns of K between the tile a loop iteration loads and the one it asks L2 for: the tiles that the
+        first prefetch covered (at least one), or 0 where there is no prefetch or no rolling one."""
+        if not (self.prefetch_chunk and ROLLING_PREFETCH):
+            return 0
+        tile_bytes = self.bn * self.bk * self.weight.element_size()
+        return max(1, self.prefetch_chunk * 32 * self.warps // tile_bytes) * self.bk
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -441,8 +458,8 @@ class FusedDecoder:
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
             self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
-            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_chunk, INPUT=input,
-            NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
+            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_chunk,
+            product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
             ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk, PACKED=product.packed,
             DOT=product.dot, EARLY=self.options.early_launch, PREFETCH_THREADS=32 * product.warps if
             product.prefetch_chunk else 0, num_warps=product.warps, **self._launch())

@@ -1,0 +1,81 @@
+"""How far ahead mode=fused's programs should ask L2 for their weights, and whether a product should let the next
+kernel launch as it starts: each variant's step captured in one process on one GPU, then timed in alternating
+blocks (forward then backward order, round after round), so that a drift of the GPU falls on every variant alike.
+On a CUDA GPU:
+    python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
+Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (no prefetch).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+from harness.cli.precheck import compose_single_run
+from harness.kernels import fused_decode
+from harness.measure.job import seeded_prompt
+from harness.models import get_model
+from harness.modes.fused import FusedMode
+
+# (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides)
+VARIANTS = [
+    ("no prefetch, launch after the weights", 0, False, ["fused.prefetch=false", "fused.early_launch=false"]),
+    ("no prefetch, early launch", 0, False, ["fused.prefetch=false"]),
+    ("8 MiB first, early launch", 8 << 20, False, []),
+    ("16 MiB first, early launch", 16 << 20, False, []),
+    ("16 MiB first + rolling, launch after", 16 << 20, True, ["fused.early_launch=false"]),
+    ("8 MiB first + rolling, early launch", 8 << 20, True, []),
+    ("16 MiB first + rolling, early launch", 16 << 20, True, []),
+    ("32 MiB first + rolling, early launch", 32 << 20, True, []),
+]
+STEPS, ROUNDS = 127, 12
+
+
+def build(model, prompt, overrides: list[str], extra: list[str], first_bytes: int, rolling: bool):
+    """A captured fused stepper planned with the given prefetch (the module's constants, read at plan and launch)."""
+    fused_decode.L2_PREFETCH_BYTES, fused_decode.ROLLING_PREFETCH = first_bytes or 16 << 20, rolling
+    cfg = compose_single_run(["mode=fused", *overrides, *extra])
+    stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
+    stepper.restart(prompt)
+    for _ in range(10):
+        stepper.step()
+    return stepper
+
+
+def block_ms(stepper) -> float:
+    """ms a step over one block of STEPS replays from the prefilled context (one pair of events, no sync inside)."""
+    stepper.rewind()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(STEPS):
+        stepper.step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / STEPS
+
+
+def main(overrides: list[str]) -> None:
+    cfg = compose_single_run(["mode=fused", *overrides])
+    device = torch.device("cuda")
+    model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
+    prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
+    with torch.inference_mode():
+        steppers = [build(model, prompt, overrides, extra, first, rolling) for _, first, rolling, extra in VARIANTS]
+        times: list[list[float]] = [[] for _ in VARIANTS]
+        for round_ in range(ROUNDS):
+            order = range(len(VARIANTS)) if round_ % 2 == 0 else reversed(range(len(VARIANTS)))
+            for i in order:
+                times[i].append(block_ms(steppers[i]))
+    base = statistics.median(times[0])
+    print(f"\n{cfg.label}: {ROUNDS} rounds of {STEPS} steps a variant, alternating")
+    print("| variant | tags | median ms/step | min–max | vs first |")
+    print("|---|---|---:|---:|---:|")
+    for (name, *_), stepper, spans in zip(VARIANTS, steppers, times):
+        median = statistics.median(spans)
+        print(f"| {name} | {stepper.tags['fused']} | {median:.4f} | {min(spans):.4f}–{max(spans):.4f} | "
+              f"{median / base:.3f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
