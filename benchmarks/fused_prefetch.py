@@ -1,6 +1,6 @@
-"""How far ahead mode=fused's programs should ask L2 for their weights, and whether a product should let the next
-kernel launch as it starts: each variant's step captured in one process on one GPU, then timed in alternating
-blocks (forward then backward order, round after round), so that a drift of the GPU falls on every variant alike.
+"""How far ahead mode=fused's programs should ask L2 for their weights: each variant's step captured in one process
+on one GPU, then timed in alternating blocks (forward then backward order, round after round), so that a drift of
+the GPU falls on every variant alike.
 On a CUDA GPU:
     python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (no prefetch).
@@ -20,14 +20,13 @@ from harness.modes.fused import FusedMode
 
 # (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides)
 VARIANTS = [
-    ("no prefetch, launch after the weights", 0, False, ["fused.prefetch=false", "fused.early_launch=false"]),
-    ("no prefetch, early launch", 0, False, ["fused.prefetch=false"]),
-    ("8 MiB first, early launch", 8 << 20, False, []),
-    ("16 MiB first, early launch", 16 << 20, False, []),
-    ("16 MiB first + rolling, launch after", 16 << 20, True, ["fused.early_launch=false"]),
-    ("8 MiB first + rolling, early launch", 8 << 20, True, []),
-    ("16 MiB first + rolling, early launch", 16 << 20, True, []),
-    ("32 MiB first + rolling, early launch", 32 << 20, True, []),
+    ("no prefetch", 0, False, ["fused.prefetch=false"]),
+    ("4 MiB first", 4 << 20, False, []),
+    ("8 MiB first", 8 << 20, False, []),
+    ("16 MiB first", 16 << 20, False, []),
+    ("32 MiB first", 32 << 20, False, []),
+    ("8 MiB first + rolling", 8 << 20, True, []),
+    ("16 MiB first + rolling", 16 << 20, True, []),
 ]
 STEPS, ROUNDS = 127, 12
 

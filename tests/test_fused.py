@@ -59,7 +59,7 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
     assert m["kernel_launches_per_step"] == 7 * 2 + 1
     # on a CPU the GPU's techniques are off, and the tag says so
-    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off early_launch=off"
+    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off"
     assert tags["captured"].startswith("no: ")
 
 
@@ -152,15 +152,15 @@ def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
     on = FusedOptions()
 
-    def chunk(n, k, bn, splits, options=on):  # bytes a thread, for bf16 64 x 128 tiles on four warps (128 threads)
-        return fused_decode.prefetch_chunk(n, k, bn, 128, splits, 4, 2, options)
+    def chunk(n, k, bn, splits, options=on):  # bytes a program, for bf16 tiles 128 wide in K
+        return fused_decode.prefetch_bytes(n, k, bn, 128, splits, 2, options)
 
-    # Llama-3.2-1B's gate/up: 256 programs of 16 tiles (256 KiB); 16 MiB / 256 = 64 KiB each: 512 bytes a thread
-    assert chunk(2 * 8192, 2048, 64, 1) == (16 << 20) // 256 // 128 == 512
+    # Llama-3.2-1B's gate/up: 256 programs of 16 tiles (256 KiB); 16 MiB / 256 = 64 KiB each
+    assert chunk(2 * 8192, 2048, 64, 1) == (16 << 20) // 256 == 65536
     # its qkv, 48 blocks x 8 splits: the budget (43690 bytes a program) exceeds a slice of 2 tiles (32 KiB)
-    assert chunk(3072, 2048, 64, 8) == 2 * 64 * 128 * 2 // 128 == 256
-    # its lm_head, 2004 programs: 8371 bytes a program, 65 a thread, down to the bulk prefetch's 16-byte unit
-    assert chunk(128256, 2048, 64, 1) == 64
+    assert chunk(3072, 2048, 64, 8) == 2 * 64 * 128 * 2 == 32768
+    # its lm_head, 2004 programs: 8371 bytes a program, down to the bulk prefetch's 16-byte unit
+    assert chunk(128256, 2048, 64, 1) == 8368
     assert chunk(128256, 2048, 64, 1, FusedOptions(prefetch=False)) == 0
     assert chunk(128256, 2048, 64, 1, FusedOptions(packed=False)) == 0  # row-major: a program's tiles are apart
     monkeypatch.setattr(fused_decode, "interpreted", lambda: True)
@@ -172,12 +172,12 @@ def test_the_rolling_prefetch_runs_as_far_ahead_as_the_first_prefetch_reached(mo
         weight = torch.empty(1, dtype=torch.bfloat16)
         return fused_decode.Product(weight, 2 * 8192, 2048, bn, 128, 1, True, True, 4, chunk).prefetch_ahead
 
-    assert ahead(512) == 4 * 128  # gate/up's 64 KiB a program: 4 tiles of 64 x 128 x 2 bytes
-    assert ahead(512, bn=16) == 16 * 128  # 16-column tiles of 4 KiB: 16 of them
-    assert ahead(64) == 128  # lm_head's 8 KiB, under a tile: still the next tile
+    assert ahead(65536) == 4 * 128  # gate/up's 64 KiB a program: 4 tiles of 64 x 128 x 2 bytes
+    assert ahead(65536, bn=16) == 16 * 128  # 16-column tiles of 4 KiB: 16 of them
+    assert ahead(8368) == 128  # lm_head's 8 KiB, under a tile: still the next tile
     assert ahead(0) == 0  # no prefetch at all
     monkeypatch.setattr(fused_decode, "ROLLING_PREFETCH", False)
-    assert ahead(512) == 0
+    assert ahead(65536) == 0
 
 
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
@@ -199,29 +199,29 @@ from triton.compiler import ASTSource
 from harness.kernels.fused_decode import _matvec, _rope_append
 
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
-ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_chunk",
+ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
-names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "EARLY", "PREFETCH_THREADS"]
+names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
-    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32, EARLY=True,
-         PREFETCH_THREADS=128),  # the next kernel launched at the start, this one's first weights asked of L2
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
+         PREFETCH=True),  # its first weights asked of L2 before the wait
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=False),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
     dict(INPUT=0, NORM=True, OUTPUT=3, SPLITS=2, BUMP=False, PACKED=True, X="*fp32", W="*fp32", Gain="*fp32"),  # dtype=fp32
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
-    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, EARLY=False, PREFETCH_THREADS=0),
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
     ptx = triton.compile(ASTSource(_matvec, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     # PDL's wait and early launch in every product, and no TF32 (an fp32 run's products are exact)
     print("matvec", "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx and "tf32" not in ptx)
-    # the bulk prefetch, and the launch of the next kernel, before the wait where asked, after the loop where not
+    # the bulk prefetch before the wait where asked (by one thread), and the next kernel launched after the loop
     launch, prefetch, wait = (ptx.find(op) for op in ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
                                                        "griddepcontrol.wait"))
-    print("order", (prefetch != -1) == bool(consts["PREFETCH_THREADS"]) and prefetch < wait
-          and (launch < wait) == consts["EARLY"])
+    print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
+          and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx))
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
            Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
            **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),

@@ -9,7 +9,7 @@ from harness.modes import MODES
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
 LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
 # mode=fused's techniques, named in a run's label when off
-FUSED_SWITCHES = ("fused.pdl", "fused.split_k", "fused.packed", "fused.prefetch", "fused.early_launch")
+FUSED_SWITCHES = ("fused.pdl", "fused.split_k", "fused.packed", "fused.prefetch")
 INDUCTOR = "inductor."  # the prefix of a run's Inductor options (`inductor.epilogue_fusion`), each named in full
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 

@@ -95,7 +95,6 @@ class FusedConfig:
     split_k: bool = True  # split a product's K where its column blocks alone cannot fill the GPU
     packed: bool = True  # weights in tile-major order, each program's tiles contiguous (off: row-major)
     prefetch: bool = True  # each program asks L2 for its first weights before its PDL wait (packed weights, a GPU)
-    early_launch: bool = True  # each product lets the next kernel launch as it starts, not once its weights are read
 
 
 FUSED_FAMILIES = ("llama", "qwen3")  # the model types whose dense decoder layer mode=fused computes

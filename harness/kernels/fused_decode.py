@@ -64,7 +64,6 @@ class FusedOptions:
     split_k: bool = True  # split K where a product has too few column blocks to fill the GPU
     packed: bool = True  # weights in tile-major order (each program's tiles contiguous); off: row-major
     prefetch: bool = True  # each program asks L2 for its first weights before its PDL wait (packed, on a GPU)
-    early_launch: bool = True  # a product lets the next kernel launch as it starts, not once its weights are read
 
 
 @triton.jit
@@ -80,12 +79,16 @@ def _pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_to_l2(W, first, chunk_bytes, THREADS: tl.constexpr):
-    """Ask L2 for THREADS * chunk_bytes contiguous bytes of W from element `first` on: one Hopper bulk prefetch
-    (cp.async.bulk.prefetch.L2) a thread, which takes no registers and is not waited for."""
-    at = (W + first).to(tl.pointer_type(tl.int8)) + tl.arange(0, THREADS).to(tl.int64) * chunk_bytes
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                              [at, tl.full([THREADS], chunk_bytes, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_to_l2(W, first, nbytes):
+    """Ask L2 for `nbytes` contiguous bytes of W from element `first` on: one Hopper bulk prefetch
+    (cp.async.bulk.prefetch.L2, a copy engine's request: no registers, not waited for), issued by the program's
+    thread 0 alone (one request a thread, 128 of them, measured 20% slower than none; docs/benchmarks.md)."""
+    at = (W + first).to(tl.pointer_type(tl.int8)) + tl.zeros([32], tl.int64)  # every thread holds the same address
+    tl.inline_asm_elementwise(
+        "{\n\t.reg .pred first_thread;\n\t.reg .u32 tid;\n\tmov.u32 tid, %tid.x;\n\t"
+        "setp.eq.u32 first_thread, tid, 0;\n\t@first_thread cp.async.bulk.prefetch.L2.global [$1], $2;\n\t"
+        "mov.u32 $0, 0;\n\t}", "=r,l,r", [at, tl.full([32], nbytes, tl.int32)], dtype=tl.int32, is_pure=False,
+        pack=1)
 
 
 @triton.jit
@@ -123,18 +126,15 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 @triton.jit
 def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
-            k_tiles, eps, prefetch_chunk, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
+            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False,
-            PREFETCH_THREADS: tl.constexpr = 0):
+            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
-    if EARLY:  # the next kernel may be scheduled now; its wait still holds it until this one has finished
-        _pdl_start(PDL)
-    if PREFETCH_THREADS > 0:  # the packed tiles of this program's split are contiguous from its first one
-        _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_chunk, PREFETCH_THREADS)
+    if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
+        _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
     # on tensor cores the weight tile is the left operand (W @ x.T, [BN, ROWS]): its columns fill the MMA's M, which
@@ -142,11 +142,10 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     for k0 in range(k_start, k_end, BK):  # the next tile is loaded before this one is used
-        if PREFETCH_THREADS > 0 and prefetch_ahead > 0:  # the tile `prefetch_ahead` columns on, into L2
+        if PREFETCH and prefetch_ahead > 0:  # the tile `prefetch_ahead` columns on, into L2
             if k0 + prefetch_ahead < k_end:
                 _prefetch_to_l2(W, (pid_n * k_tiles + (k0 + prefetch_ahead) // BK) * BN * BK,
-                                BN * BK * (W.dtype.element_ty.primitive_bitwidth // 8) // PREFETCH_THREADS,
-                                PREFETCH_THREADS)
+                                BN * BK * (W.dtype.element_ty.primitive_bitwidth // 8))
         w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
         x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
         squares += sq
@@ -160,8 +159,9 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
         w = w_next
     if DOT:
         acc = tl.trans(acc)
-    if not EARLY:
-        _pdl_start(PDL)  # every weight is read: the next kernel may start loading its own
+    # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
+    # next kernel's programs waited beside this one's and the step took 43% longer; docs/benchmarks.md)
+    _pdl_start(PDL)
     _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
            ROWS, BN)
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
@@ -271,16 +271,15 @@ class Product:
     dot: bool
     packed: bool
     warps: int = 4
-    prefetch_chunk: int = 0  # bytes each thread of a program asks L2 for before the PDL wait (0: no prefetch)
+    prefetch_bytes: int = 0  # bytes each program asks L2 for before its PDL wait (0: no prefetch)
 
     @property
     def prefetch_ahead(self) -> int:
         """Columns of K between the tile a loop iteration loads and the one it asks L2 for: the tiles that the
         first prefetch covered (at least one), or 0 where there is no prefetch or no rolling one."""
-        if not (self.prefetch_chunk and ROLLING_PREFETCH):
+        if not (self.prefetch_bytes and ROLLING_PREFETCH):
             return 0
-        tile_bytes = self.bn * self.bk * self.weight.element_size()
-        return max(1, self.prefetch_chunk * 32 * self.warps // tile_bytes) * self.bk
+        return max(1, self.prefetch_bytes // (self.bn * self.bk * self.weight.element_size())) * self.bk
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -342,16 +341,15 @@ def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]
     return bn, splits
 
 
-def prefetch_chunk(n: int, k: int, bn: int, bk: int, splits: int, warps: int, element_bytes: int,
-                   options: FusedOptions) -> int:
-    """Bytes each thread of a product's program asks L2 for before its PDL wait: the program's share of
-    L2_PREFETCH_BYTES, at most its slice of the weights, in the bulk prefetch's 16-byte units. 0 where it does not
-    apply: row-major weights (a program's tiles are not one run), or Triton's interpreter (no inline PTX)."""
+def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes: int, options: FusedOptions) -> int:
+    """Bytes each program of a product asks L2 for before its PDL wait: its share of L2_PREFETCH_BYTES, at most its
+    slice of the weights, in the bulk prefetch's 16-byte units. 0 where it does not apply: row-major weights (a
+    program's tiles are not one run), or Triton's interpreter (no inline PTX)."""
     if not (options.prefetch and options.packed) or interpreted():
         return 0
     programs = triton.cdiv(n, bn) * splits
     slice_bytes = triton.cdiv(triton.cdiv(k, bk), splits) * bn * bk * element_bytes
-    return min(slice_bytes, L2_PREFETCH_BYTES // programs) // (32 * warps) // 16 * 16
+    return min(slice_bytes, L2_PREFETCH_BYTES // programs) // 16 * 16
 
 
 def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Product:
@@ -361,7 +359,7 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Produ
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable)
     return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), options.packed, warps,  # (Triton's interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_chunk(n, k, bn, bk, splits, warps, weight.element_size(), options))
+                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), options))
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> Product:
@@ -371,7 +369,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> 
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   options.packed, warps, prefetch_chunk(n, k, bn, bk, 1, warps, paired.element_size(), options))
+                   options.packed, warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), options))
 
 
 @dataclass
@@ -458,11 +456,11 @@ class FusedDecoder:
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
             self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
-            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_chunk,
+            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
             product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
             ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk, PACKED=product.packed,
-            DOT=product.dot, EARLY=self.options.early_launch, PREFETCH_THREADS=32 * product.warps if
-            product.prefetch_chunk else 0, num_warps=product.warps, **self._launch())
+            DOT=product.dot, PREFETCH=product.prefetch_bytes > 0,
+            num_warps=product.warps, **self._launch())
 
     def _launch(self) -> dict:
         return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)

@@ -27,7 +27,7 @@ class FusedStepper(GraphedStepper):
         self.metrics.update(pack_ms=(time.perf_counter() - start) * 1e3,
                             kernel_launches_per_step=float(self.decoder.kernels_per_step()))
         self.tags["fused"] = " ".join(f"{name}={'on' if getattr(options, name) else 'off'}"
-                                      for name in ("pdl", "split_k", "packed", "prefetch", "early_launch"))
+                                      for name in ("pdl", "split_k", "packed", "prefetch"))
 
     def forward(self) -> torch.Tensor:
         return self.decoder.step()
@@ -61,7 +61,7 @@ class FusedMode(DecodeMode):
         # PDL and the bulk L2 prefetch are Hopper's (sm_90): off elsewhere, and so tagged
         hopper = prompt.is_cuda and torch.cuda.get_device_capability(prompt.device)[0] >= 9
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
-                               prefetch=cfg.fused.prefetch and hopper, early_launch=cfg.fused.early_launch and hopper)
+                               prefetch=cfg.fused.prefetch and hopper)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps).prepare(prompt)
