@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from harness.analysis.ab import block_spread_pct, pairs_to_decide, verdict
+from harness.analysis.ab import block_spread_pct, differing_keys, pairs_to_decide, verdict
 from harness.cli import commands as cli
 from harness.measure.ab import balanced_order
 from harness.measure.stats import paired_ratio_interval
-from tests.support import store
+from tests.support import run_config, store
 
 TINY = ["model=tiny", "device=cpu", "warmup=2", "context_len=8"]
 
@@ -31,6 +31,15 @@ def test_an_ambiguous_verdict_says_how_many_pairs_would_decide_it():
     assert pairs_to_decide(0.99, 0.98, 1.0, 0.01, 8) is None  # on the bound: no number of pairs decides
     # block medians 1, 1, 1.1, 0.9: sd 0.0707 of a median of 1 (a steady arm's blocks would give 0)
     assert block_spread_pct([[1.0, 1.0], [1.0, 1.0], [1.1, 1.1], [0.9, 0.9]]) == pytest.approx(7.0711, abs=1e-3)
+
+
+def test_the_arms_differences_name_a_default_value_as_it_is():
+    """Arm B at a key's default (`fused.pdl=true`): shown as True, where the identity alone (which leaves defaults
+    out) showed None."""
+    a, b = (run_config(*TINY, "mode=fused", f"fused.pdl={v}") for v in ("false", "true"))
+    assert differing_keys(a, b) == {"fused.pdl": [False, True]}
+    a, b = run_config(*TINY, "bs=2"), run_config(*TINY, "bs=1")
+    assert differing_keys(a, b) == {"bs": [2, 1]}
 
 
 def test_pairs_from_several_processes_are_drawn_process_by_process():

@@ -57,9 +57,13 @@ def verdict(low: float, high: float, threshold: float) -> str:
 
 
 def differing_keys(cfg_a: RunConfig, cfg_b: RunConfig) -> dict[str, list]:
-    """The keys the arms differ in (what the A/B measures), as [A's, B's]."""
-    a, b = (flatten(identity(_plain(c))) for c in (cfg_a, cfg_b))
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    """The keys the arms differ in (what the A/B measures), as [A's, B's]: a value at its default is absent from an
+    arm's identity, and shown as the value it has (`fused.pdl: False → True`, not `→ None`)."""
+    plain_a, plain_b = _plain(cfg_a), _plain(cfg_b)
+    a, b = identity(plain_a), identity(plain_b)
+    full_a, full_b = flatten(plain_a), flatten(plain_b)
+    return {k: [full_a.get(k, a.get(k)), full_b.get(k, b.get(k))] for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)}
 
 
 def _plain(cfg: RunConfig) -> dict:
