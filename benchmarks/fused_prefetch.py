@@ -1,5 +1,5 @@
-"""How far ahead mode=fused's programs should ask L2 for their weights: each variant's step captured in one process
-on one GPU, then timed in alternating blocks (forward then backward order, round after round), so that a drift of
+"""How far ahead mode=fused's programs should ask L2 for their weights (and, beside it, a few tile shapes): each
+variant's step captured in one process on one GPU, then timed in alternating blocks (forward then backward order, round after round), so that a drift of
 the GPU falls on every variant alike.
 On a CUDA GPU:
     python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
@@ -18,9 +18,13 @@ from harness.measure.job import seeded_prompt
 from harness.models import get_model
 from harness.modes.fused import FusedMode
 
-# (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides)
+# (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides[, the
+# products' (BN, BK, warps) on the GPU in place of tile_sizes'])
 VARIANTS = [
     ("no prefetch", 0, False, ["fused.prefetch=false"]),
+    ("no prefetch, 64 x 256 tiles", 0, False, ["fused.prefetch=false"], (64, 256, 4)),
+    ("no prefetch, 64 x 128 tiles, 8 warps", 0, False, ["fused.prefetch=false"], (64, 128, 8)),
+    ("no prefetch, 64 x 256 tiles, 8 warps", 0, False, ["fused.prefetch=false"], (64, 256, 8)),
     ("4 MiB first", 4 << 20, False, []),
     ("8 MiB first", 8 << 20, False, []),
     ("16 MiB first", 16 << 20, False, []),
@@ -31,9 +35,13 @@ VARIANTS = [
 STEPS, ROUNDS = 127, 12
 
 
-def build(model, prompt, overrides: list[str], extra: list[str], first_bytes: int, rolling: bool):
+TILE_SIZES = fused_decode.tile_sizes
+
+
+def build(model, prompt, overrides: list[str], extra: list[str], first_bytes: int, rolling: bool, tiles=None):
     """A captured fused stepper planned with the given prefetch (the module's constants, read at plan and launch)."""
     fused_decode.L2_PREFETCH_BYTES, fused_decode.ROLLING_PREFETCH = first_bytes or 16 << 20, rolling
+    fused_decode.tile_sizes = TILE_SIZES if tiles is None else (lambda n, k: (tiles[0], min(tiles[1], k), tiles[2]))
     cfg = compose_single_run(["mode=fused", *overrides, *extra])
     stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
     stepper.restart(prompt)
@@ -60,17 +68,26 @@ def main(overrides: list[str]) -> None:
     model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
     prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
     with torch.inference_mode():
-        steppers = [build(model, prompt, overrides, extra, first, rolling) for _, first, rolling, extra in VARIANTS]
+        steppers = []
+        for v in VARIANTS:
+            try:
+                steppers.append(build(model, prompt, overrides, v[3], v[1], v[2], *v[4:]))
+            except Exception as error:  # a tile that does not build on this GPU: say so, time the rest
+                print(f"{v[0]}: not built: {type(error).__name__}: {str(error)[:200]}")
+                steppers.append(None)
         times: list[list[float]] = [[] for _ in VARIANTS]
         for round_ in range(ROUNDS):
             order = range(len(VARIANTS)) if round_ % 2 == 0 else reversed(range(len(VARIANTS)))
             for i in order:
-                times[i].append(block_ms(steppers[i]))
+                if steppers[i] is not None:
+                    times[i].append(block_ms(steppers[i]))
     base = statistics.median(times[0])
     print(f"\n{cfg.label}: {ROUNDS} rounds of {STEPS} steps a variant, alternating")
     print("| variant | tags | median ms/step | min–max | vs first |")
     print("|---|---|---:|---:|---:|")
     for (name, *_), stepper, spans in zip(VARIANTS, steppers, times):
+        if stepper is None:
+            continue
         median = statistics.median(spans)
         print(f"| {name} | {stepper.tags['fused']} | {median:.4f} | {min(spans):.4f}–{max(spans):.4f} | "
               f"{median / base:.3f} |")
