@@ -1,9 +1,9 @@
-"""How far ahead mode=fused's programs should ask L2 for their weights (and, beside it, a few tile shapes): each
-variant's step captured in one process on one GPU, then timed in alternating blocks (forward then backward order, round after round), so that a drift of
-the GPU falls on every variant alike.
-On a CUDA GPU:
+"""How far ahead mode=fused's programs should ask L2 for their weights, and on how many warps: each variant's step
+captured in one process on one GPU, then timed in alternating blocks (forward then backward order, round after
+round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
-Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (no prefetch).
+Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (the kernels as they
+were before the prefetch: four warps, none).
 """
 from __future__ import annotations
 
@@ -21,16 +21,15 @@ from harness.modes.fused import FusedMode
 # (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides[, the
 # products' (BN, BK, warps) on the GPU in place of tile_sizes'])
 VARIANTS = [
-    ("no prefetch", 0, False, ["fused.prefetch=false"]),
-    ("no prefetch, 64 x 256 tiles", 0, False, ["fused.prefetch=false"], (64, 256, 4)),
-    ("no prefetch, 64 x 128 tiles, 8 warps", 0, False, ["fused.prefetch=false"], (64, 128, 8)),
-    ("no prefetch, 64 x 256 tiles, 8 warps", 0, False, ["fused.prefetch=false"], (64, 256, 8)),
-    ("4 MiB first", 4 << 20, False, []),
-    ("8 MiB first", 8 << 20, False, []),
-    ("16 MiB first", 16 << 20, False, []),
-    ("32 MiB first", 32 << 20, False, []),
-    ("8 MiB first + rolling", 8 << 20, True, []),
-    ("16 MiB first + rolling", 16 << 20, True, []),
+    ("4 warps, no prefetch", 0, False, ["fused.prefetch=false"], (64, 128, 4)),
+    ("4 warps, 8 MiB first + rolling", 8 << 20, True, [], (64, 128, 4)),
+    ("8 warps, no prefetch", 0, False, ["fused.prefetch=false"]),
+    ("8 warps, 4 MiB first", 4 << 20, False, []),
+    ("8 warps, 4 MiB first + rolling", 4 << 20, True, []),
+    ("8 warps, 8 MiB first + rolling (the default)", 8 << 20, True, []),
+    ("8 warps, 16 MiB first + rolling", 16 << 20, True, []),
+    ("16 warps, no prefetch", 0, False, ["fused.prefetch=false"], (64, 128, 16)),
+    ("16 warps, 8 MiB first + rolling", 8 << 20, True, [], (64, 128, 16)),
 ]
 STEPS, ROUNDS = 127, 12
 

@@ -155,6 +155,7 @@ def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice
     def chunk(n, k, bn, splits, options=on):  # bytes a program, for bf16 tiles 128 wide in K
         return fused_decode.prefetch_bytes(n, k, bn, 128, splits, 2, options)
 
+    monkeypatch.setattr(fused_decode, "L2_PREFETCH_BYTES", 16 << 20)
     # Llama-3.2-1B's gate/up: 256 programs of 16 tiles (256 KiB); 16 MiB / 256 = 64 KiB each
     assert chunk(2 * 8192, 2048, 64, 1) == (16 << 20) // 256 == 65536
     # its qkv, 48 blocks x 8 splits: the budget (43690 bytes a program) exceeds a slice of 2 tiles (32 KiB)

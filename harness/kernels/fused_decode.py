@@ -50,9 +50,9 @@ PROGRAMS_PER_SM = 4
 MAX_SPLITS = 8
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
 # Bytes of weights a product's programs ask L2 for before their PDL wait, all programs together: the first tiles of
-# each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2, so that what one
-# kernel prefetches is not evicted by the next one's before it is read.
-L2_PREFETCH_BYTES = 16 << 20
+# each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2: 4 and 8 MiB
+# measured fastest, 16 and 32 MiB slower than none (benchmarks/fused_prefetch.py; docs/benchmarks.md).
+L2_PREFETCH_BYTES = 8 << 20
 # ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
 # window of prefetches in flight per program, where registers hold only the next tile
 ROLLING_PREFETCH = True
@@ -89,6 +89,14 @@ def _prefetch_to_l2(W, first, nbytes):
         "setp.eq.u32 first_thread, tid, 0;\n\t@first_thread cp.async.bulk.prefetch.L2.global [$1], $2;\n\t"
         "mov.u32 $0, 0;\n\t}", "=r,l,r", [at, tl.full([32], nbytes, tl.int32)], dtype=tl.int32, is_pure=False,
         pack=1)
+
+
+@triton.jit
+def _prefetch_tile_ahead(W, pid_n, k_ahead, k_end, k_tiles, rolling, BN: tl.constexpr, BK: tl.constexpr):
+    """The rolling prefetch: W's packed tile at columns k_ahead into L2, if the program's split reaches it."""
+    if rolling and k_ahead < k_end:
+        tile_bytes = BN * BK * (W.dtype.element_ty.primitive_bitwidth // 8)
+        _prefetch_to_l2(W, (pid_n * k_tiles + k_ahead // BK) * BN * BK, tile_bytes)
 
 
 @triton.jit
@@ -142,10 +150,8 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     for k0 in range(k_start, k_end, BK):  # the next tile is loaded before this one is used
-        if PREFETCH and prefetch_ahead > 0:  # the tile `prefetch_ahead` columns on, into L2
-            if k0 + prefetch_ahead < k_end:
-                _prefetch_to_l2(W, (pid_n * k_tiles + (k0 + prefetch_ahead) // BK) * BN * BK,
-                                BN * BK * (W.dtype.element_ty.primitive_bitwidth // 8))
+        if PREFETCH:
+            _prefetch_tile_ahead(W, pid_n, k0 + prefetch_ahead, k_end, k_tiles, prefetch_ahead > 0, BN, BK)
         w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
         x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
         squares += sq
@@ -291,14 +297,16 @@ class Product:
 
 
 def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
-    """(BN, BK, warps). On a GPU, tensor cores with the weight tile as the MMA's left operand, 64 x 128, four warps:
-    the fastest tile at bs 1, 2, 8 and 32 on the H200 (2.4-4.4 TB/s on Llama-3.2-1B's products, where 8 x 512 on
-    CUDA cores reached 2.0-3.4 at bs=1 and far less above; docs/benchmarks.md). In Triton's interpreter (CUDA-core
-    products in fp32), whose cost is per program and per operation, wide column blocks and narrow K tiles, so that a
-    tiny model's products still run split and over several tiles (the paths the tests check)."""
+    """(BN, BK, warps). On a GPU, tensor cores with the weight tile as the MMA's left operand, 64 x 128: the fastest
+    tile at bs 1, 2, 8 and 32 on the H200 (2.4-4.4 TB/s on Llama-3.2-1B's products, where 8 x 512 on CUDA cores
+    reached 2.0-3.4 at bs=1 and far less above), on eight warps: alone four were as fast, but in the step eight took
+    Llama-3.2-1B's bs=1 step from 1.009 to 0.943 ms (64 x 256 tiles: 1.080; docs/benchmarks.md). In Triton's
+    interpreter (CUDA-core products in fp32), whose cost is per program and per operation, wide column blocks and
+    narrow K tiles, so that a tiny model's products still run split and over several tiles (the paths the tests
+    check)."""
     if interpreted():
         return min(INTERPRETED_BN, triton.next_power_of_2(n)), min(INTERPRETED_BK, triton.next_power_of_2(k)), 1
-    return 64, min(128, triton.next_power_of_2(k)), 4
+    return 64, min(128, triton.next_power_of_2(k)), 8
 
 
 def split_count(n: int, k: int, bn: int, bk: int, allowed: bool) -> int:
@@ -457,10 +465,10 @@ class FusedDecoder:
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
             self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
             triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
-            product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
-            ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk, PACKED=product.packed,
-            DOT=product.dot, PREFETCH=product.prefetch_bytes > 0,
-            num_warps=product.warps, **self._launch())
+            product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits,
+            BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
+            PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, num_warps=product.warps,
+            **self._launch())
 
     def _launch(self) -> dict:
         return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)
