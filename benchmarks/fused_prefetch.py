@@ -2,6 +2,8 @@
 captured in one process on one GPU, then timed in alternating blocks (forward then backward order, round after
 round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
+    python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
+                                                                                # holds a cache and packed weights)
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (the kernels as they
 were before the prefetch: four warps, none).
 """
@@ -93,4 +95,8 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if args[:1] == ["--only"]:
+        VARIANTS = [VARIANTS[int(i)] for i in args[1].split(",")]
+        args = args[2:]
+    main(args)
