@@ -2,6 +2,7 @@
 fused kernel can hide failing the run, and what the config refuses before anything is built."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from harness import models
-from harness.config.schema import ConfigError
+from harness.config.labels import FUSED_SWITCHES
+from harness.config.schema import ConfigError, FusedConfig
 from harness.kernels import fused_decode
 from harness.kernels.fused_decode import FusedDecoder, FusedOptions, pack, pair_blocks, split_count
 from harness.measure.job import measure, seeded_prompt
@@ -60,6 +62,10 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert m["kernel_launches_per_step"] == 7 * 2 + 1
     # on a CPU the GPU's techniques are off, and the tag says so
     assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off"
+    prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false")
+    assert prefetched.label.endswith("fused split_k=off prefetch=on")  # each switch named where off its default
+    # the label's defaults are the schema's: a default changed in one place only would name (or hide) a switch
+    assert FUSED_SWITCHES == {f"fused.{k}": v for k, v in dataclasses.asdict(FusedConfig()).items()}
     assert tags["captured"].startswith("no: ")
 
 
@@ -150,7 +156,7 @@ def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch
 
 def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice(monkeypatch):
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
-    on = FusedOptions()
+    on = FusedOptions(prefetch=True)
 
     def chunk(n, k, bn, splits, options=on):  # bytes a program, for bf16 tiles 128 wide in K
         return fused_decode.prefetch_bytes(n, k, bn, 128, splits, 2, options)
@@ -163,7 +169,7 @@ def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice
     # its lm_head, 2004 programs: 8371 bytes a program, down to the bulk prefetch's 16-byte unit
     assert chunk(128256, 2048, 64, 1) == 8368
     assert chunk(128256, 2048, 64, 1, FusedOptions(prefetch=False)) == 0
-    assert chunk(128256, 2048, 64, 1, FusedOptions(packed=False)) == 0  # row-major: a program's tiles are apart
+    assert chunk(128256, 2048, 64, 1, FusedOptions(prefetch=True, packed=False)) == 0  # row-major: tiles apart
     monkeypatch.setattr(fused_decode, "interpreted", lambda: True)
     assert chunk(2 * 8192, 2048, 64, 1) == 0  # Triton's interpreter runs no inline PTX
 

@@ -8,8 +8,8 @@ from harness.modes import MODES
 # The keys that name a run's variant, dotted as in a run's MLflow params
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
 LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
-# mode=fused's techniques, named in a run's label when off
-FUSED_SWITCHES = ("fused.pdl", "fused.split_k", "fused.packed", "fused.prefetch")
+# mode=fused's techniques and their defaults (schema.FusedConfig's), each named in a run's label where it differs
+FUSED_SWITCHES = {"fused.pdl": True, "fused.split_k": True, "fused.packed": True, "fused.prefetch": False}
 INDUCTOR = "inductor."  # the prefix of a run's Inductor options (`inductor.epilogue_fusion`), each named in full
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 
@@ -60,7 +60,8 @@ def run_variant(flat: Mapping[str, Any], varying=()) -> str:
               compile_mode if compile_mode not in _UNSET else "",
               "fused" if fused.lower() == "true" else "",
               attn if attn not in (*_UNSET, "sdpa", own_attention) else "",
-              *(f"{key.split('.')[1]}=off" for key in FUSED_SWITCHES if str(flat.get(key)).lower() == "false")]
+              *(f"{key.split('.')[1]}={'off' if default else 'on'}" for key, default in FUSED_SWITCHES.items()
+                if str(flat.get(key)).lower() == str(not default).lower())]
     inductor = [f"{key[len(INDUCTOR):]}={value}" for key, value in sorted(flat.items()) if key.startswith(INDUCTOR)]
     return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras), *inductor, *_extra(flat, varying)])
 

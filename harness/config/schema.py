@@ -94,7 +94,9 @@ class FusedConfig:
     pdl: bool = True  # programmatic dependent launch on every kernel (on a GPU)
     split_k: bool = True  # split a product's K where its column blocks alone cannot fill the GPU
     packed: bool = True  # weights in tile-major order, each program's tiles contiguous (off: row-major)
-    prefetch: bool = True  # each program asks L2 for its first weights before its PDL wait (packed weights, a GPU)
+    # each program asks L2 for its first weights before its PDL wait and for tiles ahead in its loop (packed weights,
+    # a Hopper GPU): off, since on eight warps it bought nothing (docs/benchmarks.md)
+    prefetch: bool = False
 
 
 FUSED_FAMILIES = ("llama", "qwen3")  # the model types whose dense decoder layer mode=fused computes

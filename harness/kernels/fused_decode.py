@@ -63,7 +63,7 @@ class FusedOptions:
     pdl: bool = True  # programmatic dependent launch on every kernel (a Hopper GPU; off on a CPU)
     split_k: bool = True  # split K where a product has too few column blocks to fill the GPU
     packed: bool = True  # weights in tile-major order (each program's tiles contiguous); off: row-major
-    prefetch: bool = True  # each program asks L2 for its first weights before its PDL wait (packed, on a GPU)
+    prefetch: bool = False  # each program asks L2 for its weights ahead (packed, a Hopper GPU; fused.prefetch)
 
 
 @triton.jit
