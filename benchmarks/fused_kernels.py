@@ -51,11 +51,16 @@ def kernel_times(stepper, per_step: int) -> dict[str, list[float]]:
     return times
 
 
-def main(overrides: list[str]) -> None:
+def fused_model_and_prompt(overrides: list[str]):
+    """The config, the model (on the GPU) and the seeded prompt that `python -m harness mode=fused ...` builds."""
     cfg = compose_single_run(["mode=fused", *overrides])
     device = torch.device("cuda")
     model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
-    prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
+    return cfg, model, seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
+
+
+def main(overrides: list[str]) -> None:
+    cfg, model, prompt = fused_model_and_prompt(overrides)
     with torch.inference_mode():
         stepper = FusedMode().prepare(model, prompt, cfg)
         stepper.restart(prompt)

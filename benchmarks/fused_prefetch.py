@@ -14,10 +14,9 @@ import sys
 
 import torch
 
+from fused_kernels import fused_model_and_prompt  # this folder's (run as `python benchmarks/fused_prefetch.py`)
 from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
-from harness.measure.job import seeded_prompt
-from harness.models import get_model
 from harness.modes.fused import FusedMode
 
 # (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides[, the
@@ -64,10 +63,7 @@ def block_ms(stepper) -> float:
 
 
 def main(overrides: list[str]) -> None:
-    cfg = compose_single_run(["mode=fused", *overrides])
-    device = torch.device("cuda")
-    model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
-    prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
+    cfg, model, prompt = fused_model_and_prompt(overrides)
     with torch.inference_mode():
         steppers = []
         for v in VARIANTS:
