@@ -50,8 +50,8 @@ PROGRAMS_PER_SM = 4
 MAX_SPLITS = 8
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
 # Bytes of weights a product's programs ask L2 for before their PDL wait, all programs together: the first tiles of
-# each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2: 4 and 8 MiB
-# measured fastest, 16 and 32 MiB slower than none (benchmarks/fused_prefetch.py; docs/benchmarks.md).
+# each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2: on four warps 4
+# and 8 MiB measured fastest, 16 and 32 MiB slower than none (benchmarks/fused_prefetch.py; docs/benchmarks.md).
 L2_PREFETCH_BYTES = 8 << 20
 # ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
 # window of prefetches in flight per program, where registers hold only the next tile
@@ -82,7 +82,8 @@ def _pdl_wait(PDL: tl.constexpr):
 def _prefetch_to_l2(W, first, nbytes):
     """Ask L2 for `nbytes` contiguous bytes of W from element `first` on: one Hopper bulk prefetch
     (cp.async.bulk.prefetch.L2, a copy engine's request: no registers, not waited for), issued by the program's
-    thread 0 alone (one request a thread, 128 of them, measured 20% slower than none; docs/benchmarks.md)."""
+    thread 0 alone (a request from each of 128 threads, with the rolling prefetch, measured 21% slower than none;
+    docs/benchmarks.md)."""
     at = (W + first).to(tl.pointer_type(tl.int8)) + tl.zeros([32], tl.int64)  # every thread holds the same address
     tl.inline_asm_elementwise(
         "{\n\t.reg .pred first_thread;\n\t.reg .u32 tid;\n\tmov.u32 tid, %tid.x;\n\t"
