@@ -15,6 +15,7 @@ import sys
 import torch
 
 from fused_kernels import fused_model_and_prompt  # this folder's (run as `python benchmarks/fused_prefetch.py`)
+from harness.clock import block_ms
 from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
 from harness.modes.fused import FusedMode
@@ -40,7 +41,8 @@ TILE_SIZES = fused_decode.tile_sizes
 
 def build(model, prompt, overrides: list[str], extra: list[str], first_bytes: int, rolling: bool, tiles=None):
     """A captured fused stepper planned with the given prefetch (the module's constants, read at plan and launch)."""
-    fused_decode.L2_PREFETCH_BYTES, fused_decode.ROLLING_PREFETCH = first_bytes or 16 << 20, rolling
+    fused_decode.L2_PREFETCH_BYTES = first_bytes or fused_decode.L2_PREFETCH_BYTES  # 0: no prefetch, unused
+    fused_decode.ROLLING_PREFETCH = rolling
     fused_decode.tile_sizes = TILE_SIZES if tiles is None else (lambda n, k: (tiles[0], min(tiles[1], k), tiles[2]))
     cfg = compose_single_run(["mode=fused", *overrides, *extra])
     stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
@@ -50,16 +52,10 @@ def build(model, prompt, overrides: list[str], extra: list[str], first_bytes: in
     return stepper
 
 
-def block_ms(stepper) -> float:
+def step_ms(stepper) -> float:
     """ms a step over one block of STEPS replays from the prefilled context (one pair of events, no sync inside)."""
     stepper.rewind()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(STEPS):
-        stepper.step()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / STEPS
+    return block_ms(stepper.step, STEPS)
 
 
 def main(overrides: list[str]) -> None:
@@ -77,7 +73,7 @@ def main(overrides: list[str]) -> None:
             order = range(len(VARIANTS)) if round_ % 2 == 0 else reversed(range(len(VARIANTS)))
             for i in order:
                 if steppers[i] is not None:
-                    times[i].append(block_ms(steppers[i]))
+                    times[i].append(step_ms(steppers[i]))
     base = statistics.median(times[0])
     print(f"\n{cfg.label}: {ROUNDS} rounds of {STEPS} steps a variant, alternating")
     print("| variant | tags | median ms/step | min–max | vs first |")

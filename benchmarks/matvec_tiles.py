@@ -13,6 +13,7 @@ import sys
 import torch
 import triton
 
+from harness.clock import block_ms
 from harness.kernels import fused_decode as fd
 
 PRODUCTS = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "down_proj": (2048, 8192), "gate/up": (16384, 2048)}
@@ -43,13 +44,7 @@ def time_product(n: int, k: int, rows: int, bn: int, bk: int, splits: int, warps
         for _ in range(LAUNCHES):
             launch()
     graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (LAUNCHES * REPLAYS), error
+    return block_ms(graph.replay, REPLAYS) * 1e3 / LAUNCHES, error
 
 
 def main(batch_rows: list[int]) -> None:

@@ -39,6 +39,18 @@ def cuda_event_ms(fn: Callable[[], object], calls: int, after: Callable[[object]
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def block_ms(fn: Callable[[], object], calls: int) -> float:
+    """Mean CUDA-event time of one call over `calls` back-to-back calls of fn between one pair of events (a
+    benchmark's block: no event per call; the host waits once, at the end)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def median_call_ms(fn: Callable[[], object], calls: int) -> float:
     """Median CUDA-event time of `calls` back-to-back calls of fn (a side measurement, not the run's)."""
     return statistics.median(cuda_event_ms(fn, calls))

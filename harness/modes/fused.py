@@ -9,6 +9,7 @@ graph): the tests check them there, on tiny models, against eager and fp32.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -26,8 +27,8 @@ class FusedStepper(GraphedStepper):
         self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, fault)
         self.metrics.update(pack_ms=(time.perf_counter() - start) * 1e3,
                             kernel_launches_per_step=float(self.decoder.kernels_per_step()))
-        self.tags["fused"] = " ".join(f"{name}={'on' if getattr(options, name) else 'off'}"
-                                      for name in ("pdl", "split_k", "packed", "prefetch"))
+        self.tags["fused"] = " ".join(f"{field.name}={'on' if getattr(options, field.name) else 'off'}"
+                                      for field in dataclasses.fields(options))  # each technique, as it ran
 
     def forward(self) -> torch.Tensor:
         return self.decoder.step()

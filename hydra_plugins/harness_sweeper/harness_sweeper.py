@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
+
 @dataclass
 class HarnessSweeperConf:
     _target_: str = "hydra_plugins.harness_sweeper.harness_sweeper.HarnessSweeper"
