@@ -17,8 +17,11 @@ from harness.measure.job import seeded_prompt
 from harness.models import get_model
 from harness.modes.fused import FusedMode
 
-LAYER_KERNELS = ("qkv (norm, matvec)", "rope + K/V append", "attention split-KV", "attention merge",
-                 "o_proj", "gate/up (norm, matvec, SiLU)", "down_proj")
+# a layer's kernels in launch order: the attention folded into one (the default), or as three
+LAYER_KERNELS = {True: ("qkv (norm, matvec)", "attention (rope, append, split-KV, merge)", "o_proj",
+                        "gate/up (norm, matvec, SiLU)", "down_proj"),
+                 False: ("qkv (norm, matvec)", "rope + K/V append", "attention split-KV", "attention merge", "o_proj",
+                         "gate/up (norm, matvec, SiLU)", "down_proj")}
 STEPS = 50
 
 
@@ -33,7 +36,7 @@ def weight_bytes(decoder) -> dict[str, float]:
     return per
 
 
-def kernel_times(stepper, per_step: int) -> dict[str, list[float]]:
+def kernel_times(stepper, per_step: int, layer_kernels: tuple[str, ...]) -> dict[str, list[float]]:
     """µs of every launch over STEPS replays, by its place in the step."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
@@ -46,7 +49,7 @@ def kernel_times(stepper, per_step: int) -> dict[str, list[float]]:
     times = defaultdict(list)
     for i, event in enumerate(events):
         place = i % per_step
-        name = "final norm + lm_head" if place == per_step - 1 else LAYER_KERNELS[place % len(LAYER_KERNELS)]
+        name = "final norm + lm_head" if place == per_step - 1 else layer_kernels[place % len(layer_kernels)]
         times[name].append(event.time_range.end - event.time_range.start)
     return times
 
@@ -68,7 +71,8 @@ def main(overrides: list[str]) -> None:
             stepper.step()
         step_ms = sorted(cuda_event_ms(stepper.step, STEPS))[STEPS // 2]  # the median step
         stepper.rewind()
-        times = kernel_times(stepper, stepper.decoder.kernels_per_step())
+        decoder = stepper.decoder
+        times = kernel_times(stepper, decoder.kernels_per_step(), LAYER_KERNELS[decoder.options.fold_attention])
     report(cfg, stepper, times, step_ms)
 
 

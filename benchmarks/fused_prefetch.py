@@ -4,6 +4,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
     python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
                                                                                 # holds a cache and packed weights)
+    python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (the kernels as they
 were before the prefetch: four warps, none).
 """
@@ -32,6 +33,11 @@ VARIANTS = [
     ("8 warps, 16 MiB first + rolling", 16 << 20, True, []),
     ("16 warps, no prefetch", 0, False, ["fused.prefetch=false"], (64, 128, 16)),
     ("16 warps, 8 MiB first + rolling", 8 << 20, True, [], (64, 128, 16)),
+]
+# `--set attention`: the attention folded into one kernel a layer (the default) against three launches
+ATTENTION_VARIANTS = [
+    ("attention folded: one kernel a layer (the default)", 0, False, []),
+    ("attention unfolded: RoPE + append, split-KV, merge", 0, False, ["fused.fold_attention=false"]),
 ]
 STEPS, ROUNDS = 127, 12
 
@@ -88,6 +94,8 @@ def main(overrides: list[str]) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:2] == ["--set", "attention"]:
+        VARIANTS, args = ATTENTION_VARIANTS, args[2:]
     if args[:1] == ["--only"]:
         VARIANTS = [VARIANTS[int(i)] for i in args[1].split(",")]
         args = args[2:]

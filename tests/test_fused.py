@@ -3,6 +3,7 @@ fused kernel can hide failing the run, and what the config refuses before anythi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from harness import models
 from harness.config.labels import FUSED_SWITCHES
 from harness.config.schema import ConfigError, FusedConfig
 from harness.kernels import fused_decode
-from harness.kernels.fused_decode import FusedDecoder, FusedOptions, pack, pair_blocks, split_count
+from harness.kernels.fused_decode import ATTN_BLOCK_N, FusedDecoder, FusedOptions, pack, pair_blocks, split_count
 from harness.measure.job import measure, seeded_prompt
 from harness.modes.base import Stepper
 from tests.support import FAST, REPO, run_config
@@ -34,8 +35,9 @@ def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
 
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("options", [FusedOptions(pdl=False), FusedOptions(pdl=False, split_k=False, packed=False)],
-                         ids=["split-packed", "plain"])
+@pytest.mark.parametrize("options", [FusedOptions(pdl=False), FusedOptions(pdl=False, split_k=False, packed=False),
+                                     FusedOptions(pdl=False, fold_attention=False)],
+                         ids=["split-packed", "plain", "attention-unfolded"])
 def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
     eager, run, decoder = fused_and_eager(*family, options=options)
     assert eager.model.config.model_type == ("llama" if family else "qwen3")
@@ -54,16 +56,39 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
         assert torch.allclose(ours.values[:, :, : start + 4], theirs.values[:, :, : start + 4], atol=1e-5)
 
 
+@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
+def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family):
+    """Past one chunk of the valid prefix each KV head's chunks run as programs of their own, and the last to finish
+    merges them: the step still computes eager's logits and cache, and every count is back to 0 for the next layer
+    (a count left over would make the next layer's merge wait for a chunk that never comes, or merge early)."""
+    eager, run, decoder = fused_and_eager(*family, "context_len=130", "cache_len=256")
+    splits = decoder.attn_acc.shape[2]
+    valid = 131  # slots the first step's query (at slot 130) attends to
+    chunk = math.ceil(math.ceil(valid / splits) / ATTN_BLOCK_N) * ATTN_BLOCK_N
+    assert splits > 1 and math.ceil(valid / chunk) == 3  # three chunks hold slots at this position
+    with torch.inference_mode():
+        for step in range(3):
+            want, got = eager.step(), decoder.step()
+            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
+            assert decoder.chunks_done.eq(0).all()
+            token = want.argmax(-1, keepdim=True)
+            eager.input_ids.copy_(token)
+            run.input_ids.copy_(token)
+    for ours, theirs in zip(run.cache.layers, eager.cache.layers):
+        assert torch.allclose(ours.keys[:, :, :133], theirs.keys[:, :, :133], atol=1e-5)
+        assert torch.allclose(ours.values[:, :, :133], theirs.values[:, :, :133], atol=1e-5)
+
+
 def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
     m, tags = result.metrics, result.mode_tags
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
-    assert m["kernel_launches_per_step"] == 7 * 2 + 1
+    assert m["kernel_launches_per_step"] == 5 * 2 + 1  # five a layer, the attention folded into one
     # on a CPU the GPU's techniques are off, and the tag says so
-    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off"
-    prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false")
-    assert prefetched.label.endswith("fused split_k=off prefetch=on")  # each switch named where off its default
+    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off fold_attention=on"
+    prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false", "fused.fold_attention=false")
+    assert prefetched.label.endswith("fused split_k=off prefetch=on fold_attention=off")  # each switch named where off its default
     # the label's defaults are the schema's: a default changed in one place only would name (or hide) a switch
     assert FUSED_SWITCHES == {f"fused.{k}": v for k, v in dataclasses.asdict(FusedConfig()).items()}
     assert tags["captured"].startswith("no: ")
@@ -203,7 +228,7 @@ def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
 AOT_COMPILE = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from harness.kernels.fused_decode import _matvec, _rope_append
+from harness.kernels.fused_decode import _attention, _matvec, _rope_append
 
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
@@ -229,6 +254,21 @@ for product in products:
                                                        "griddepcontrol.wait"))
     print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx))
+sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
+           Keys="*bf16", Values="*bf16", Acc="*fp32", M="*fp32", L="*fp32", Count="*i32", Out="*bf16",
+           **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
+                            "o_row"], "i32"), eps="fp32", scale="fp32",
+           **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
+                            "ROPE_SHIFT", "APPEND", "IEEE", "PDL"], "constexpr"))
+consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
+              ROPE_SHIFT=0, APPEND=True, IEEE=False, PDL=True)
+ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+# the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at the
+# GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
+count = ptx.find("atom.global.gpu.acq_rel.add")
+print("attention", "griddepcontrol.wait" in ptx and count > -1 and "ld.global.cg" in ptx[count:]
+      and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
+      and "mma" in ptx)
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
            Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
            **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
@@ -246,4 +286,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 5 + ["rope_append", "True"]
+    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 5 + ["attention", "True", "rope_append", "True"]

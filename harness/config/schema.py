@@ -97,6 +97,9 @@ class FusedConfig:
     # each program asks L2 for its first weights before its PDL wait and for tiles ahead in its loop (packed weights,
     # a Hopper GPU): off, since on eight warps it bought nothing (docs/benchmarks.md)
     prefetch: bool = False
+    # RoPE, the K/V append and the merge of attention's chunks inside the attention kernel (one launch a layer
+    # instead of three)
+    fold_attention: bool = True
 
 
 FUSED_FAMILIES = ("llama", "qwen3")  # the model types whose dense decoder layer mode=fused computes

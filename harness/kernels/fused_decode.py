@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels.triton_decode import BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, splits_for
+from harness.kernels.triton_decode import BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax, splits_for
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -64,6 +64,8 @@ class FusedOptions:
     split_k: bool = True  # split K where a product has too few column blocks to fill the GPU
     packed: bool = True  # weights in tile-major order (each program's tiles contiguous); off: row-major
     prefetch: bool = False  # each program asks L2 for its weights ahead (packed, a Hopper GPU; fused.prefetch)
+    # RoPE, the K/V append and the chunks' merge inside the attention kernel: one launch a layer; off, three
+    fold_attention: bool = True
 
 
 @triton.jit
@@ -217,10 +219,7 @@ def _rope_append(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Q, Keys, Values, r
     half = tl.arange(0, D // 2)
     _pdl_wait(PDL)
     pos = tl.load(Pos)
-    squares = tl.load(Squares + row)
-    for s in tl.static_range(1, SPLITS):
-        squares += tl.load(Squares + s * rows + row)
-    inv_rms = tl.rsqrt(squares / hidden + eps)
+    inv_rms = _inv_rms(Squares, rows, row, hidden, eps, SPLITS)
     is_query = head < HEADS
     col = tl.where(is_query, head * D, HEADS * D + (head - HEADS) * D)
     x1, x2 = _summed(Parts, rows, n_total, row, col, half, SPLITS), _summed(Parts, rows, n_total, row, col + D // 2,
@@ -253,7 +252,8 @@ def _store_halves(At, first, second, half, D: tl.constexpr):
 
 @triton.jit
 def _head_norm(x1, x2, Gain, half, eps, D: tl.constexpr):
-    r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+    """Qwen3's RMSNorm over each head's dimensions (the last axis: [D / 2] halves, or [heads, D / 2])."""
+    r = tl.rsqrt((tl.sum(x1 * x1, -1, keep_dims=True) + tl.sum(x2 * x2, -1, keep_dims=True)) / D + eps)
     return x1 * r * tl.load(Gain + half).to(tl.float32), x2 * r * tl.load(Gain + D // 2 + half).to(tl.float32)
 
 
@@ -263,6 +263,115 @@ def _summed(Parts, rows, n_total, row, col, offsets, SPLITS: tl.constexpr):
     for s in tl.static_range(1, SPLITS):
         total += tl.load(Parts + (s * rows + row) * n_total + col + offsets)
     return total
+
+
+@triton.jit
+def _inv_rms(Squares, rows, row, hidden, eps, SPLITS: tl.constexpr):
+    """1/rms of a row of the layer's input, from the QKV product's split partial sums of its squares."""
+    squares = tl.load(Squares + row)
+    for s in tl.static_range(1, SPLITS):
+        squares += tl.load(Squares + s * rows + row)
+    return tl.rsqrt(squares / hidden + eps)
+
+
+@triton.jit
+def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, Cos, Sin, at, eps, SPLITS: tl.constexpr,
+                   QK_NORM: tl.constexpr, D: tl.constexpr):
+    """The heads whose first QKV columns are `cols` [H, 1]: summed partials times 1/rms, Qwen3's head norm, RoPE at
+    position `at`, as [H, D] fp32."""
+    half = tl.arange(0, D // 2)[None, :]
+    x1 = _summed(Parts, rows, n_total, row, cols, half, SPLITS) * inv_rms
+    x2 = _summed(Parts, rows, n_total, row, cols + D // 2, half, SPLITS) * inv_rms
+    if QK_NORM:
+        x1, x2 = _head_norm(x1, x2, Gain, half, eps, D)
+    cos, sin = tl.load(Cos + at * (D // 2) + half), tl.load(Sin + at * (D // 2) + half)
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # transformers' rotate_half convention
+    return tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), (y1.shape[0], D))  # [H, 2, D / 2]: halves in order
+
+
+@triton.jit
+def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row, k_head,
+            k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
+            SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr):
+    """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`."""
+    col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
+    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, Cos, Sin, at, eps, SPLITS, QK_NORM, D)
+    d = tl.arange(0, D)[None, :]
+    v = _summed(Parts, rows, n_total, row, col + KV_HEADS * D, d, SPLITS) * inv_rms
+    if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
+        tl.store(Keys + row * k_row + kv_head * k_head + pos * k_slot + d, k.to(Keys.dtype.element_ty))
+        tl.store(Values + row * v_row + kv_head * v_head + pos * v_slot + d, v.to(Values.dtype.element_ty))
+
+
+@triton.jit
+def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M, L, Count, Out, rows, n_total,
+               hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row, HEADS: tl.constexpr,
+               KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+               SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
+               APPEND: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
+    norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
+    the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
+    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
+    pos = tl.load(Pos)
+    start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
+    if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
+        inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
+        group = HEADS // KV_HEADS
+        heads = kv_head * group + tl.minimum(tl.arange(0, GROUP_PAD), group - 1)  # padding repeats the last head
+        q = _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, Cos, Sin, at, eps,
+                           QKV_SPLITS, QK_NORM, D).to(Keys.dtype.element_ty)
+        if split == chunks - 1:  # the chunk that holds slot pos: the new K/V first, seen by all its threads
+            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
+                    k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
+            tl.debug_barrier()
+        acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
+                                      v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
+        _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
+                D, SPLITS)
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS: tl.constexpr,
+            KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    """A chunk's partial softmax to the output: normalised where it is the only chunk; else stored, counted, and
+    the last chunk of the KV head to be counted merges them all (then zeroes the count for the next layer)."""
+    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+    heads, real = kv_head * (HEADS // KV_HEADS) + g, g < HEADS // KV_HEADS
+    out_at = Out + row * o_row + heads[:, None] * D + d[None, :]
+    if chunks == 1:
+        tl.store(out_at, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=real[:, None])
+    else:
+        at = (row * HEADS + heads) * SPLITS + split
+        tl.store(Acc + at[:, None] * D + d[None, :], acc, mask=real[:, None])
+        tl.store(M + at, m_i, mask=real)
+        tl.store(L + at, l_i, mask=real)
+        tl.debug_barrier()  # every thread's partials written before the count (released at the GPU's scope) says so
+        counted = tl.atomic_add(Count + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
+        if counted == chunks - 1:
+            out = _merged(Acc, M, L, row, heads, real, chunks, HEADS, GROUP_PAD, D, SPLITS)
+            tl.store(out_at, out.to(Out.dtype.element_ty), mask=real[:, None])
+            tl.store(Count + row * KV_HEADS + kv_head, 0)
+
+
+@triton.jit
+def _merged(Acc, M, L, row, heads, real, chunks, HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+            SPLITS: tl.constexpr):
+    """The chunks' partial softmaxes of `heads` merged, online; read from L2 (".cg": other programs wrote them)."""
+    d = tl.arange(0, D)
+    m, total, out = tl.full([GROUP_PAD], float("-inf"), tl.float32), tl.zeros([GROUP_PAD], tl.float32), \
+        tl.zeros([GROUP_PAD, D], tl.float32)
+    for s in range(0, chunks):
+        at = (row * HEADS + heads) * SPLITS + s
+        m_s = tl.load(M + at, mask=real, other=0.0, cache_modifier=".cg")
+        l_s = tl.load(L + at, mask=real, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(Acc + at[:, None] * D + d[None, :], mask=real[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, m_s)
+        alpha, beta = tl.exp(m - m_new), tl.exp(m_s - m_new)
+        out, total, m = out * alpha[:, None] + acc_s * beta[:, None], total * alpha + l_s * beta, m_new
+    return out / tl.where(real, total, 1.0)[:, None]  # (padding rows: nothing read, nothing stored)
 
 
 @dataclass(frozen=True)
@@ -438,9 +547,11 @@ class FusedDecoder:
         splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
+        # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
+        self.chunks_done = torch.zeros(rows, self.kv_heads, device=like.device, dtype=torch.int32)
 
     def kernels_per_step(self) -> int:
-        return 7 * len(self.layers) + 1
+        return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
         position = self.cache.layers[0].cumulative_length
@@ -449,8 +560,11 @@ class FusedDecoder:
                 self._product(layer.qkv, self.qkv_parts, self.embedding, input=EMBEDDING, gain=layer.attn_norm)
             else:
                 self._product(layer.qkv, self.qkv_parts, self.residual, gain=layer.attn_norm)
-            self._rope_append(layer, kv, position)
-            self._attend(kv, position)
+            if self.options.fold_attention:
+                self._attention(layer, kv, position)
+            else:
+                self._rope_append(layer, kv, position)
+                self._attend(kv, position)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
             self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
             self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
@@ -483,6 +597,19 @@ class FusedDecoder:
             values.stride(1), values.stride(2), HEADS=self.heads, KV_HEADS=self.kv_heads, D=self.head_dim,
             SPLITS=layer.qkv.splits, QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift,
             APPEND=self.append, **self._launch())
+
+    def _attention(self, layer: Layer, kv, position: torch.Tensor) -> None:
+        """RoPE, the append, attention over the valid prefix [0, position] and the merge: one launch."""
+        keys, values, splits = kv.keys, kv.values, self.attn_acc.shape[2]
+        norms = [self.cos if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        _attention[(self.rows, self.kv_heads, splits)](
+            self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, keys, values, self.attn_acc,
+            self.attn_max, self.attn_sum, self.chunks_done, self.attn_out, self.rows, layer.qkv.n, self.hidden,
+            self.eps, self.scale, *keys.stride()[:3], *values.stride()[:3], self.attn_out.stride(0),
+            HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=max(16, triton.next_power_of_2(self.heads //
+            self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
+            QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
+            IEEE=keys.dtype == torch.float32 or interpreted(), **self._launch())
 
     def _attend(self, kv, position: torch.Tensor) -> None:
         """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""

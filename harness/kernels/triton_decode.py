@@ -21,20 +21,20 @@ TARGET_PROGRAMS = 264  # about two per SM of an H200 (132): the split count aims
 
 
 @triton.jit
-def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
-              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-              SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
-    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PDL:  # mode=fused launches it with programmatic dependent launch: wait for the kernel before it
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    valid = tl.load(Pos).to(tl.int32) + 1
+def chunk_of(valid, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Chunk `split` of a valid prefix of `valid` slots cut into SPLITS chunks of whole blocks: its first slot, its
+    end, and how many of the chunks hold any slot (the first ones; the others are empty)."""
     chunk = tl.cdiv(tl.cdiv(valid, SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
-    end = tl.minimum(start + chunk, valid)
-    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
-    heads = kv_head * GROUP + g
-    q = tl.load(Q + row * q_row + heads[:, None] * q_head + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
+    return start, tl.minimum(start + chunk, valid), tl.cdiv(valid, chunk)
+
+
+@triton.jit
+def chunk_softmax(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head, v_slot,
+                   GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """The query heads q [GROUP_PAD, D] of one KV head over slots [start, end): the unnormalised output, the
+    running max and the softmax's sum (flash-decoding's partials of one chunk)."""
+    d = tl.arange(0, D)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -56,6 +56,23 @@ def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_sl
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
+              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+              SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
+    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PDL:  # mode=fused launches it with programmatic dependent launch: wait for the kernel before it
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    start, end, _ = chunk_of(tl.load(Pos).to(tl.int32) + 1, split, SPLITS, BLOCK_N)
+    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+    heads = kv_head * GROUP + g
+    q = tl.load(Q + row * q_row + heads[:, None] * q_head + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
+    acc, m_i, l_i = chunk_softmax(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head,
+                                   v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
     out = (row * GROUP * tl.num_programs(1) + heads) * SPLITS + split  # [bs, heads, SPLITS] index of each row
     tl.store(Acc + out[:, None] * D + d[None, :], acc, mask=(g < GROUP)[:, None])
     tl.store(M + out, m_i, mask=g < GROUP)

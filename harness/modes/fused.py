@@ -48,7 +48,7 @@ class FusedStepper(GraphedStepper):
 
 
 class FusedMode(DecodeMode):
-    """Hand-fused Triton kernels (7 a layer), captured in a CUDA graph with programmatic dependent launch."""
+    """Hand-fused Triton kernels (5 a layer), captured in a CUDA graph with programmatic dependent launch."""
 
     name = "fused"
     exact = False  # its own kernels and fp32 accumulation: judged against fp32, as the compiled modes
@@ -62,7 +62,7 @@ class FusedMode(DecodeMode):
         # PDL and the bulk L2 prefetch are Hopper's (sm_90): off elsewhere, and so tagged
         hopper = prompt.is_cuda and torch.cuda.get_device_capability(prompt.device)[0] >= 9
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
-                               prefetch=cfg.fused.prefetch and hopper)
+                               prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps).prepare(prompt)
