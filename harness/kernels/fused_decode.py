@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels.triton_decode import BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax, splits_for
+from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
+                                           merge_head, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -350,28 +351,13 @@ def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, ch
         tl.store(L + at, l_i, mask=real)
         tl.debug_barrier()  # every thread's partials written before the count (released at the GPU's scope) says so
         counted = tl.atomic_add(Count + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
-        if counted == chunks - 1:
-            out = _merged(Acc, M, L, row, heads, real, chunks, HEADS, GROUP_PAD, D, SPLITS)
-            tl.store(out_at, out.to(Out.dtype.element_ty), mask=real[:, None])
+        if counted == chunks - 1:  # the last: each head's chunks read at once, from L2 (".cg": other SMs wrote them)
+            for h in tl.static_range(HEADS // KV_HEADS):
+                head = kv_head * (HEADS // KV_HEADS) + h
+                out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, tl.arange(0, SPLITS) < chunks, D, SPLITS,
+                                 ".cg")
+                tl.store(Out + row * o_row + head * D + d, out.to(Out.dtype.element_ty))
             tl.store(Count + row * KV_HEADS + kv_head, 0)
-
-
-@triton.jit
-def _merged(Acc, M, L, row, heads, real, chunks, HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-            SPLITS: tl.constexpr):
-    """The chunks' partial softmaxes of `heads` merged, online; read from L2 (".cg": other programs wrote them)."""
-    d = tl.arange(0, D)
-    m, total, out = tl.full([GROUP_PAD], float("-inf"), tl.float32), tl.zeros([GROUP_PAD], tl.float32), \
-        tl.zeros([GROUP_PAD, D], tl.float32)
-    for s in range(0, chunks):
-        at = (row * HEADS + heads) * SPLITS + s
-        m_s = tl.load(M + at, mask=real, other=0.0, cache_modifier=".cg")
-        l_s = tl.load(L + at, mask=real, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(Acc + at[:, None] * D + d[None, :], mask=real[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, m_s)
-        alpha, beta = tl.exp(m - m_new), tl.exp(m_s - m_new)
-        out, total, m = out * alpha[:, None] + acc_s * beta[:, None], total * alpha + l_s * beta, m_new
-    return out / tl.where(real, total, 1.0)[:, None]  # (padding rows: nothing read, nothing stored)
 
 
 @dataclass(frozen=True)
