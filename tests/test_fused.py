@@ -57,10 +57,13 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
 
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family):
+@pytest.mark.parametrize("merge_chunks", [16, 2], ids=["one-load", "two-loads"])
+def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, merge_chunks, monkeypatch):
     """Past one chunk of the valid prefix each KV head's chunks run as programs of their own, and the last to finish
-    merges them: the step still computes eager's logits and cache, and every count is back to 0 for the next layer
-    (a count left over would make the next layer's merge wait for a chunk that never comes, or merge early)."""
+    merges them (all at once, or two chunks a load): the step still computes eager's logits and cache, and every
+    count is back to 0 for the next layer (a count left over would make the next layer's merge wait for a chunk
+    that never comes, or merge early)."""
+    monkeypatch.setattr(fused_decode, "MERGE_CHUNKS", merge_chunks)
     eager, run, decoder = fused_and_eager(*family, "context_len=130", "cache_len=256")
     splits = decoder.attn_acc.shape[2]
     valid = 131  # slots the first step's query (at slot 130) attends to
@@ -259,9 +262,9 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
                             "o_row"], "i32"), eps="fp32", scale="fp32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
-                            "ROPE_SHIFT", "APPEND", "IEEE", "PDL"], "constexpr"))
+                            "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL"], "constexpr"))
 consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
-              ROPE_SHIFT=0, APPEND=True, IEEE=False, PDL=True)
+              ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True)
 ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 # the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at the
 # GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1

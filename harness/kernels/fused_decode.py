@@ -57,6 +57,11 @@ L2_PREFETCH_BYTES = 8 << 20
 # ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
 # window of prefetches in flight per program, where registers hold only the next tile
 ROLLING_PREFETCH = True
+# Chunks of attention's valid prefix that the folded attention's last program merges a load: one round trip to L2
+# for the few chunks of a short context, two for Qwen3-0.6B's 17 at context 1024, where a loop of one chunk a trip
+# took its attention from 9.6 to 11.7 µs and every chunk in one load (64 at Llama-3.2-1B's capacity of 16384) from
+# 5.0 to 7.1 µs on the H200 (docs/benchmarks.md)
+MERGE_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -309,7 +314,7 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row, HEADS: tl.constexpr,
                KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
                SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-               APPEND: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+               APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
     the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
@@ -331,12 +336,13 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
         acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
                                       v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
-                D, SPLITS)
+                D, SPLITS, MERGE_BLOCK)
 
 
 @triton.jit
 def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS: tl.constexpr,
-            KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+            KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+            MERGE_BLOCK: tl.constexpr):
     """A chunk's partial softmax to the output: normalised where it is the only chunk; else stored, counted, and
     the last chunk of the KV head to be counted merges them all (then zeroes the count for the next layer)."""
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
@@ -351,11 +357,10 @@ def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, ch
         tl.store(L + at, l_i, mask=real)
         tl.debug_barrier()  # every thread's partials written before the count (released at the GPU's scope) says so
         counted = tl.atomic_add(Count + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
-        if counted == chunks - 1:  # the last: each head's chunks read at once, from L2 (".cg": other SMs wrote them)
+        if counted == chunks - 1:  # the last: each head's chunks from L2 (".cg": other SMs wrote them)
             for h in tl.static_range(HEADS // KV_HEADS):
                 head = kv_head * (HEADS // KV_HEADS) + h
-                out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, tl.arange(0, SPLITS) < chunks, D, SPLITS,
-                                 ".cg")
+                out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, chunks, D, MERGE_BLOCK, ".cg")
                 tl.store(Out + row * o_row + head * D + d, out.to(Out.dtype.element_ty))
             tl.store(Count + row * KV_HEADS + kv_head, 0)
 
@@ -595,7 +600,7 @@ class FusedDecoder:
             HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=max(16, triton.next_power_of_2(self.heads //
             self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
-            IEEE=keys.dtype == torch.float32 or interpreted(), **self._launch())
+            IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=min(splits, MERGE_CHUNKS), **self._launch())
 
     def _attend(self, kv, position: torch.Tensor) -> None:
         """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""

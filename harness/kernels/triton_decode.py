@@ -86,20 +86,29 @@ def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, 
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, tl.arange(0, SPLITS) < SPLITS, D, SPLITS, "")
+    out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, SPLITS, D, SPLITS, "")
     tl.store(Out + row * o_row + head * o_head + tl.arange(0, D), out.to(Out.dtype.element_ty))
 
 
 @triton.jit
-def merge_head(Acc, M, L, base, live, D: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
-    """One query head's output [D] from the partial softmaxes of its chunks, at [base, base + SPLITS) of Acc, M
-    and L, those `live` ([SPLITS] mask) read at once; CACHE: the loads' cache modifier."""
-    s, d = tl.arange(0, SPLITS), tl.arange(0, D)
-    m = tl.load(M + base + s, mask=live, other=float("-inf"), cache_modifier=CACHE)
-    weight = tl.where(m > float("-inf"), tl.exp(m - tl.max(m, 0)), 0.0)  # an empty chunk weighs nothing
-    total = tl.sum(weight * tl.load(L + base + s, mask=live, other=0.0, cache_modifier=CACHE), 0)
-    acc = tl.load(Acc + (base + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0, cache_modifier=CACHE)
-    return tl.sum(weight[:, None] * acc, 0) / total
+def merge_head(Acc, M, L, base, count, D: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+    """One query head's output [D] from the partial softmaxes of its first `count` chunks, at [base, base + count)
+    of Acc, M and L: BLOCK chunks a load, merged online; an empty chunk (max -inf) weighs nothing. CACHE: the loads'
+    cache modifier."""
+    s, d = tl.arange(0, BLOCK), tl.arange(0, D)
+    m_run = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
+    total, out = tl.sum(tl.zeros([BLOCK], tl.float32), 0), tl.zeros([D], tl.float32)
+    for first in range(0, count, BLOCK):
+        live = first + s < count
+        m = tl.load(M + base + first + s, mask=live, other=float("-inf"), cache_modifier=CACHE)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        weight, alpha = tl.where(m > float("-inf"), tl.exp(m - m_new), 0.0), tl.exp(m_run - m_new)
+        total = total * alpha + tl.sum(weight * tl.load(L + base + first + s, mask=live, other=0.0,
+                                                        cache_modifier=CACHE), 0)
+        acc = tl.load(Acc + (base + first + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
+                      cache_modifier=CACHE)
+        out, m_run = out * alpha + tl.sum(weight[:, None] * acc, 0), m_new
+    return out / total
 
 
 def splits_for(rows: int, kv_heads: int, slots: int) -> int:
