@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
-                                           kv_block, merge_head, splits_for)
+                                           merge_head, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -296,29 +296,17 @@ def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, Cos, Sin, at,
 
 
 @triton.jit
-def _new_kv(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row, k_head,
-            k_slot, v_row, v_head, v_slot, store, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
-            SPLITS: tl.constexpr, QK_NORM: tl.constexpr):
-    """The new token's K (normed, rotated) and V of one KV head [1, D], as the cache holds them (its dtype), in fp32;
-    written to the cache at slot `pos` where `store`."""
+def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row, k_head,
+            k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
+            SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr):
+    """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`."""
     col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
     k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, Cos, Sin, at, eps, SPLITS, QK_NORM, D)
     d = tl.arange(0, D)[None, :]
     v = _summed(Parts, rows, n_total, row, col + KV_HEADS * D, d, SPLITS) * inv_rms
-    k, v = k.to(Keys.dtype.element_ty), v.to(Values.dtype.element_ty)
-    tl.store(Keys + row * k_row + kv_head * k_head + pos * k_slot + d, k, mask=store & (d < D))
-    tl.store(Values + row * v_row + kv_head * v_head + pos * v_slot + d, v, mask=store & (d < D))
-    return k.to(tl.float32), v.to(tl.float32)
-
-
-@triton.jit
-def _with_new_token(q, k, v, acc, m_i, l_i, scale, holds):
-    """The online softmax one slot on: the new token's k and v [1, D] from registers, where the chunk `holds` it."""
-    s = tl.where(holds, tl.sum(q.to(tl.float32) * k, 1) * scale, float("-inf"))
-    m_new = tl.maximum(m_i, s)
-    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-    alpha, p = tl.exp(m_i - m_safe), tl.exp(s - m_safe)
-    return acc * alpha[:, None] + p[:, None] * v, m_new, l_i * alpha + p
+    if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
+        tl.store(Keys + row * k_row + kv_head * k_head + pos * k_slot + d, k.to(Keys.dtype.element_ty))
+        tl.store(Values + row * v_row + kv_head * v_head + pos * v_slot + d, v.to(Values.dtype.element_ty))
 
 
 @triton.jit
@@ -328,29 +316,25 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
-    norm, RoPE), attention over the chunk's cached slots, the new token's K/V (appended to the cache, and attended
-    to from registers by the chunk that holds slot pos), and the merge of the chunks by the last to finish: one
-    launch where there were three (RoPE + append, split-KV, merge)."""
+    norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
+    the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _pdl_start(PDL)
     _pdl_wait(PDL)
     pos = tl.load(Pos)
     start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
-        cached_end = tl.minimum(end, pos.to(tl.int32))  # slot pos is the new token's, not yet in the cache
-        k, v = kv_block(Keys, Values, row, kv_head, start, cached_end, k_row, k_head, k_slot, v_row, v_head, v_slot,
-                        D, BLOCK_N)  # in flight while the queries are computed
         inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
-        heads = kv_head * (HEADS // KV_HEADS) + tl.minimum(tl.arange(0, GROUP_PAD), HEADS // KV_HEADS - 1)
+        group = HEADS // KV_HEADS
+        heads = kv_head * group + tl.minimum(tl.arange(0, GROUP_PAD), group - 1)  # padding repeats the last head
         q = _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, Cos, Sin, at, eps,
-                           QKV_SPLITS, QK_NORM, D).to(Keys.dtype.element_ty)  # (padding repeats the last head)
-        holds = split == chunks - 1
-        k_new, v_new = _new_kv(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys,
-                               Values, k_row, k_head, k_slot, v_row, v_head, v_slot, holds & APPEND, HEADS, KV_HEADS,
-                               D, QKV_SPLITS, QK_NORM)  # APPEND off: a test's fault (never reaches the cache)
-        acc, m_i, l_i = chunk_softmax(q, k, v, Keys, Values, row, kv_head, start, cached_end, scale, k_row, k_head,
-                                      k_slot, v_row, v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
-        acc, m_i, l_i = _with_new_token(q, k_new, v_new, acc, m_i, l_i, scale, holds)
+                           QKV_SPLITS, QK_NORM, D).to(Keys.dtype.element_ty)
+        if split == chunks - 1:  # the chunk that holds slot pos: the new K/V first, seen by all its threads
+            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
+                    k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
+            tl.debug_barrier()
+        acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
+                                      v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
                 D, SPLITS, MERGE_BLOCK)
 

@@ -30,48 +30,33 @@ def chunk_of(valid, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def kv_block(K, V, row, kv_head, first, end, k_row, k_head, k_slot, v_row, v_head, v_slot, D: tl.constexpr,
-             BLOCK_N: tl.constexpr):
-    """K and V [BLOCK_N, D] of one KV head at slots [first, first + BLOCK_N), zeros at and past `end`."""
-    n, d = first + tl.arange(0, BLOCK_N), tl.arange(0, D)
-    inside = (n < end)[:, None]
-    k = tl.load(K + row * k_row + kv_head * k_head + n[:, None] * k_slot + d[None, :], mask=inside, other=0.0)
-    v = tl.load(V + row * v_row + kv_head * v_head + n[:, None] * v_slot + d[None, :], mask=inside, other=0.0)
-    return k, v
-
-
-@triton.jit
-def chunk_softmax(q, k, v, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head, v_slot,
-                  GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+def chunk_softmax(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head, v_slot,
+                   GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """The query heads q [GROUP_PAD, D] of one KV head over slots [start, end): the unnormalised output, the
-    running max and the softmax's sum (flash-decoding's partials of one chunk). k, v: the first block's tiles
-    (kv_block at `start`), which the caller loads before it computes q, so that the two loads overlap."""
+    running max and the softmax's sum (flash-decoding's partials of one chunk)."""
+    d = tl.arange(0, D)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i, acc = tl.zeros([GROUP_PAD], tl.float32), tl.zeros([GROUP_PAD, D], tl.float32)
-    acc, m_i, l_i = _attend_block(q, k, v, start + tl.arange(0, BLOCK_N) < end, scale, acc, m_i, l_i, IEEE)
-    for first in range(start + BLOCK_N, end, BLOCK_N):
-        k, v = kv_block(K, V, row, kv_head, first, end, k_row, k_head, k_slot, v_row, v_head, v_slot, D, BLOCK_N)
-        acc, m_i, l_i = _attend_block(q, k, v, first + tl.arange(0, BLOCK_N) < end, scale, acc, m_i, l_i, IEEE)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        inside = n < end
+        k = tl.load(K + row * k_row + kv_head * k_head + n[:, None] * k_slot + d[None, :], mask=inside[:, None], other=0.0)
+        if IEEE:  # exact fp32 products: an fp32 run, or any dtype in Triton's interpreter (widened here)
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(inside[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha, p = tl.exp(m_i - m_new), tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + row * v_row + kv_head * v_head + n[:, None] * v_slot + d[None, :], mask=inside[:, None], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
     return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_block(q, k, v, inside, scale, acc, m_i, l_i, IEEE: tl.constexpr):
-    """The online softmax one block of slots on (`inside`: the block's slots to attend to; none leaves it as it
-    was). IEEE: exact fp32 products (an fp32 run, or any dtype in Triton's interpreter, widened here)."""
-    if IEEE:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    s = tl.where(inside[None, :], s * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # nothing attended yet: exp(-inf) is 0, not NaN
-    alpha, p = tl.exp(m_i - m_safe), tl.exp(s - m_safe[:, None])
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
@@ -83,12 +68,11 @@ def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_sl
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     start, end, _ = chunk_of(tl.load(Pos).to(tl.int32) + 1, split, SPLITS, BLOCK_N)
-    k, v = kv_block(K, V, row, kv_head, start, end, k_row, k_head, k_slot, v_row, v_head, v_slot, D, BLOCK_N)
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
     heads = kv_head * GROUP + g
     q = tl.load(Q + row * q_row + heads[:, None] * q_head + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
-    acc, m_i, l_i = chunk_softmax(q, k, v, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
-                                  v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
+    acc, m_i, l_i = chunk_softmax(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head,
+                                   v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
     out = (row * GROUP * tl.num_programs(1) + heads) * SPLITS + split  # [bs, heads, SPLITS] index of each row
     tl.store(Acc + out[:, None] * D + d[None, :], acc, mask=(g < GROUP)[:, None])
     tl.store(M + out, m_i, mask=g < GROUP)
