@@ -1,18 +1,20 @@
-"""mode=fused's kernels: a dense decoder layer's decode step in five Triton kernels of its own and the split-KV
-attention of attn=triton-decode (two), then one for the final norm and lm_head.
+"""mode=fused's kernels: a dense decoder layer's decode step in five Triton kernels, then one for the final norm
+and lm_head.
 
 Per layer, in launch order:
 1. `_matvec` (QKV): the residual stream (fp32; at layer 0 the embedding rows of the input ids, which it writes as
    the stream's first value), times the input norm's gain, times q|k|v's packed weights; the 1/rms of the norm is a
    per-row scale, so the program sums the squares of the input it reads anyway and the consumer applies it. Out:
    fp32 partial sums (one per K split) and partial sums of squares.
-2. `_rope_append`: sums those, applies 1/rms, Qwen3's q/k RMSNorm and RoPE at the cache position, appends K and V
-   to the cache, writes q for attention.
-3. and 4. attn=triton-decode's split-KV kernel and its merge (harness/kernels/triton_decode.py).
-5. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
-6. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
+2. `_attention`, one program per (row, KV head, chunk of the valid prefix): sums those, applies 1/rms, Qwen3's q/k
+   RMSNorm and RoPE at the cache position to its group's queries; the chunk that holds the position appends the new
+   K and V to the cache; attention over the chunk (attn=triton-decode's split-KV loop, harness/kernels/
+   triton_decode.py); the last chunk of a KV head to finish merges them all. (`fused.fold_attention=false`: the
+   three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`.)
+3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
+4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
-7. `_matvec` (down): added to the residual stream in place.
+5. `_matvec` (down): added to the residual stream in place.
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
 Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
@@ -57,10 +59,11 @@ L2_PREFETCH_BYTES = 8 << 20
 # ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
 # window of prefetches in flight per program, where registers hold only the next tile
 ROLLING_PREFETCH = True
-# Chunks of attention's valid prefix that the folded attention's last program merges a load: one round trip to L2
-# for the few chunks of a short context, two for Qwen3-0.6B's 17 at context 1024, where a loop of one chunk a trip
-# took its attention from 9.6 to 11.7 µs and every chunk in one load (64 at Llama-3.2-1B's capacity of 16384) from
-# 5.0 to 7.1 µs on the H200 (docs/benchmarks.md)
+# Chunks of attention's valid prefix that the folded attention's last program merges a load (one round trip to L2
+# for a short context's few, two for Qwen3-0.6B's 17 at context 1024). Not settled: the folded attention took, µs a
+# call (PDL off) for Llama-3.2-1B at the study's workload / Qwen3-0.6B at context 1024, 4.97 / 11.67 merging one
+# chunk a load, 7.05 / 9.57 every chunk (up to 64) in one load, 6.23 / 11.68 with 16: on three H200s, one each
+# (docs/benchmarks.md, "the attention in one kernel")
 MERGE_CHUNKS = 16
 
 
