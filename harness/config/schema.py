@@ -98,7 +98,7 @@ class FusedConfig:
     # a Hopper GPU): off, since on eight warps it bought nothing (docs/benchmarks.md)
     prefetch: bool = False
     # RoPE, the K/V append and the merge of attention's chunks inside the attention kernel (one launch a layer
-    # instead of three): paired on one H200, 9% faster for Qwen3-0.6B at bs=8 context 16384 and 1-5% for
+    # instead of three): paired on one H200, 9% faster for Qwen3-0.6B at bs=8 context 16384 and 1% for
     # Llama-3.2-1B at bs=1, but 7% slower for Qwen3-0.6B at bs=1 context 1024 (docs/benchmarks.md)
     fold_attention: bool = True
 
