@@ -5,7 +5,6 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
                                                                                 # holds a cache and packed weights)
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
-    python benchmarks/fused_prefetch.py --set techniques model=...  # each default technique off alone
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (the kernels as they
 were before the prefetch: four warps, none).
 """
@@ -40,14 +39,7 @@ ATTENTION_VARIANTS = [
     ("attention folded: one kernel a layer (the default)", 0, False, []),
     ("attention unfolded: RoPE + append, split-KV, merge", 0, False, ["fused.fold_attention=false"]),
 ]
-# `--set techniques`: each technique of the defaults turned off alone, paired (the ablation's small differences)
-TECHNIQUE_VARIANTS = [
-    ("the defaults", 0, False, []),
-    ("pdl off", 0, False, ["fused.pdl=false"]),
-    ("packed off", 0, False, ["fused.packed=false"]),
-    ("fold_attention off", 0, False, ["fused.fold_attention=false"]),
-]
-SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "techniques": TECHNIQUE_VARIANTS}
+SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS}
 STEPS, ROUNDS = 127, 12
 
 
