@@ -5,8 +5,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
                                                                                 # holds a cache and packed weights)
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
-Prints each variant's median ms/step over the rounds, its spread, and its ratio to the first (the kernels as they
-were before the prefetch: four warps, none).
+Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
+kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
 from __future__ import annotations
 
@@ -96,7 +96,10 @@ def main(overrides: list[str]) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--set"]:
-        VARIANTS, args = SETS[args[1]], args[2:]
+        if args[1:2] and args[1] in SETS:
+            VARIANTS, args = SETS[args[1]], args[2:]
+        else:
+            sys.exit(f"--set {' '.join(args[1:2])}: a set is one of {', '.join(SETS)}")
     if args[:1] == ["--only"]:
         VARIANTS = [VARIANTS[int(i)] for i in args[1].split(",")]
         args = args[2:]
