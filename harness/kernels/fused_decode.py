@@ -225,38 +225,16 @@ def _rope_append(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Q, Keys, Values, r
     position. Sums QKV's split-K partials and applies the layer norm's 1/rms first."""
     row, head = tl.program_id(0), tl.program_id(1)
     _pdl_start(PDL)
-    half = tl.arange(0, D // 2)
     _pdl_wait(PDL)
     pos = tl.load(Pos)
-    inv_rms = _inv_rms(Squares, rows, row, hidden, eps, SPLITS)
-    is_query = head < HEADS
-    col = tl.where(is_query, head * D, HEADS * D + (head - HEADS) * D)
-    x1, x2 = _summed(Parts, rows, n_total, row, col, half, SPLITS), _summed(Parts, rows, n_total, row, col + D // 2,
-                                                                            half, SPLITS)
-    x1, x2 = x1 * inv_rms, x2 * inv_rms
-    if QK_NORM:  # Qwen3: an RMSNorm over each head's dimensions, before RoPE
-        if is_query:
-            x1, x2 = _head_norm(x1, x2, QNorm, half, eps, D)
-        else:
-            x1, x2 = _head_norm(x1, x2, KNorm, half, eps, D)
-    at = pos + ROPE_SHIFT  # ROPE_SHIFT: 0, or a test's fault
-    cos, sin = tl.load(Cos + at * (D // 2) + half), tl.load(Sin + at * (D // 2) + half)
-    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # transformers' rotate_half convention
-    if is_query:
-        _store_halves(Q + (row * HEADS + head) * D, y1, y2, half, D)
-    elif APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
-        kv = head - HEADS
-        _store_halves(Keys + row * k_row + kv * k_head + pos * k_slot, y1, y2, half, D)
-        v_col = (HEADS + KV_HEADS) * D + kv * D
-        v1 = _summed(Parts, rows, n_total, row, v_col, half, SPLITS) * inv_rms
-        v2 = _summed(Parts, rows, n_total, row, v_col + D // 2, half, SPLITS) * inv_rms
-        _store_halves(Values + row * v_row + kv * v_head + pos * v_slot, v1, v2, half, D)
-
-
-@triton.jit
-def _store_halves(At, first, second, half, D: tl.constexpr):
-    tl.store(At + half, first.to(At.dtype.element_ty))
-    tl.store(At + D // 2 + half, second.to(At.dtype.element_ty))
+    inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a test's fault
+    if head < HEADS:
+        q = _rotated_heads(Parts, rows, n_total, row, head * D + tl.zeros([1, 1], tl.int32), inv_rms, QNorm, Cos,
+                           Sin, at, eps, SPLITS, QK_NORM, D)
+        tl.store(Q + (row * HEADS + head) * D + tl.arange(0, D)[None, :], q.to(Q.dtype.element_ty))
+    else:
+        _append(Parts, rows, n_total, row, head - HEADS, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
+                k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, SPLITS, QK_NORM, APPEND)
 
 
 @triton.jit
