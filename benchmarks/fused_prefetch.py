@@ -5,6 +5,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
                                                                                 # holds a cache and packed weights)
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
+    python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
+    python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -21,36 +23,52 @@ from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
 from harness.modes.fused import FusedMode
 
-# (name, L2 bytes all programs prefetch before the wait, rolling prefetch in the loop, extra overrides[, the
-# products' (BN, BK, warps) on the GPU in place of tile_sizes'])
+def tiles(bn: int, bk: int, warps: int):
+    """tile_sizes in place of fused_decode's: every product on the GPU in BN x BK tiles on that many warps."""
+    return lambda n, k: (bn, min(bk, k), warps)
+
+
+# (name, extra overrides, fused_decode's module constants set for the variant: read when its step is planned and
+# launched, so each captured graph keeps its own)
 VARIANTS = [
-    ("4 warps, no prefetch", 0, False, ["fused.prefetch=false"], (64, 128, 4)),
-    ("4 warps, 8 MiB first + rolling", 8 << 20, True, [], (64, 128, 4)),
-    ("8 warps, no prefetch", 0, False, ["fused.prefetch=false"]),
-    ("8 warps, 4 MiB first", 4 << 20, False, []),
-    ("8 warps, 4 MiB first + rolling", 4 << 20, True, []),
-    ("8 warps, 8 MiB first + rolling (the default)", 8 << 20, True, []),
-    ("8 warps, 16 MiB first + rolling", 16 << 20, True, []),
-    ("16 warps, no prefetch", 0, False, ["fused.prefetch=false"], (64, 128, 16)),
-    ("16 warps, 8 MiB first + rolling", 8 << 20, True, [], (64, 128, 16)),
+    ("4 warps, no prefetch", ["fused.prefetch=false"], dict(tile_sizes=tiles(64, 128, 4))),
+    ("4 warps, 8 MiB first + rolling", ["fused.prefetch=true"], dict(tile_sizes=tiles(64, 128, 4))),
+    ("8 warps, no prefetch (the default)", ["fused.prefetch=false"], {}),
+    ("8 warps, 4 MiB first", ["fused.prefetch=true"], dict(L2_PREFETCH_BYTES=4 << 20, ROLLING_PREFETCH=False)),
+    ("8 warps, 4 MiB first + rolling", ["fused.prefetch=true"], dict(L2_PREFETCH_BYTES=4 << 20)),
+    ("8 warps, 8 MiB first + rolling", ["fused.prefetch=true"], {}),
+    ("8 warps, 16 MiB first + rolling", ["fused.prefetch=true"], dict(L2_PREFETCH_BYTES=16 << 20)),
+    ("16 warps, no prefetch", ["fused.prefetch=false"], dict(tile_sizes=tiles(64, 128, 16))),
+    ("16 warps, 8 MiB first + rolling", ["fused.prefetch=true"], dict(tile_sizes=tiles(64, 128, 16))),
 ]
 # `--set attention`: the attention folded into one kernel a layer (the default) against three launches
 ATTENTION_VARIANTS = [
-    ("attention folded: one kernel a layer (the default)", 0, False, []),
-    ("attention unfolded: RoPE + append, split-KV, merge", 0, False, ["fused.fold_attention=false"]),
+    ("attention folded: one kernel a layer (the default)", [], {}),
+    ("attention unfolded: RoPE + append, split-KV, merge", ["fused.fold_attention=false"], {}),
 ]
-SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS}
+# `--set merge`: how many chunks the folded attention's last program merges a load
+MERGE_VARIANTS = [(f"{n} chunks a load{' (the default)' if n == fused_decode.MERGE_CHUNKS else ''}", [],
+                   dict(MERGE_CHUNKS=n)) for n in (16, 1, 4, 64)]
+# `--set loop`: how a product's loop keeps its weight loads in flight
+LOOP_VARIANTS = [
+    ("the next tile in registers (the default)", [], {}),
+    ("the next two tiles in registers", [], dict(WEIGHT_TILES_AHEAD=2)),
+    ("Triton's pipeliner, 3 stages", [], dict(PIPELINE_STAGES=3)),
+    ("Triton's pipeliner, 4 stages", [], dict(PIPELINE_STAGES=4)),
+    ("the next two tiles in registers, 8 MiB first to L2", ["fused.prefetch=true"],
+     dict(WEIGHT_TILES_AHEAD=2, ROLLING_PREFETCH=False)),
+]
+SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS}
 STEPS, ROUNDS = 127, 12
+DEFAULTS = {name: getattr(fused_decode, name) for name in (
+    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "MERGE_CHUNKS", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES")}
 
 
-TILE_SIZES = fused_decode.tile_sizes
-
-
-def build(model, prompt, overrides: list[str], extra: list[str], first_bytes: int, rolling: bool, tiles=None):
-    """A captured fused stepper planned with the given prefetch (the module's constants, read at plan and launch)."""
-    fused_decode.L2_PREFETCH_BYTES = first_bytes or fused_decode.L2_PREFETCH_BYTES  # 0: no prefetch, unused
-    fused_decode.ROLLING_PREFETCH = rolling
-    fused_decode.tile_sizes = TILE_SIZES if tiles is None else (lambda n, k: (tiles[0], min(tiles[1], k), tiles[2]))
+def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):
+    """A captured fused stepper planned and launched with the variant's module constants (the others at their
+    defaults)."""
+    for name, value in {**DEFAULTS, **constants}.items():
+        setattr(fused_decode, name, value)
     cfg = compose_single_run(["mode=fused", *overrides, *extra])
     stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
     stepper.restart(prompt)
@@ -71,7 +89,7 @@ def main(overrides: list[str]) -> None:
         steppers = []
         for v in VARIANTS:
             try:
-                steppers.append(build(model, prompt, overrides, v[3], v[1], v[2], *v[4:]))
+                steppers.append(build(model, prompt, overrides, v[1], v[2]))
             except Exception as error:  # a tile that does not build on this GPU: say so, time the rest
                 print(f"{v[0]}: not built: {type(error).__name__}: {str(error)[:200]}")
                 steppers.append(None)

@@ -56,6 +56,26 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
         assert torch.allclose(ours.values[:, :, : start + 4], theirs.values[:, :, : start + 4], atol=1e-5)
 
 
+@pytest.mark.parametrize("loop", [dict(WEIGHT_TILES_AHEAD=2), dict(PIPELINE_STAGES=3)],
+                         ids=["two-tiles-ahead", "pipelined"])
+def test_each_way_of_keeping_weight_loads_in_flight_computes_eager_logits(loop, monkeypatch):
+    """The products' other loops (two tiles in registers ahead; Triton's pipeliner after the first tile), over
+    splits of several tiles each: the same logits as eager's, step after step."""
+    for name, value in loop.items():
+        monkeypatch.setattr(fused_decode, name, value)
+    monkeypatch.setattr(fused_decode, "INTERPRETED_BK", 16)  # tiny's hidden 64: 4 tiles of K, 2 a split
+    monkeypatch.setattr(fused_decode, "MAX_SPLITS", 2)
+    eager, run, decoder = fused_and_eager()
+    assert decoder.layers[0].qkv.k // decoder.layers[0].qkv.bk // decoder.layers[0].qkv.splits >= 2
+    with torch.inference_mode():
+        for step in range(3):
+            want, got = eager.step(), decoder.step()
+            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
+            token = want.argmax(-1, keepdim=True)
+            eager.input_ids.copy_(token)
+            run.input_ids.copy_(token)
+
+
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
 @pytest.mark.parametrize("merge_chunks", [16, 2], ids=["one-load", "two-loads"])
 def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, merge_chunks, monkeypatch):
@@ -236,7 +256,8 @@ from harness.kernels.fused_decode import _attention, _matvec, _rope_append
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
-names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH"]
+names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "AHEAD",
+         "STAGES"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
@@ -244,19 +265,26 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=False),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
     dict(INPUT=0, NORM=True, OUTPUT=3, SPLITS=2, BUMP=False, PACKED=True, X="*fp32", W="*fp32", Gain="*fp32"),  # dtype=fp32
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", AHEAD=2),
+    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, X="*bf16", STAGES=3),
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
-    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False),
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, AHEAD=1, STAGES=0),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
-    ptx = triton.compile(ASTSource(_matvec, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    # as Triton's JIT specialises them on the GPU: pointers and the sizes that are multiples of 16 marked so
+    aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name in (
+        "x_row", "k_total", "n_total", "out_cols", "k_per_split", "prefetch_bytes", "prefetch_ahead")]
+    ptx = triton.compile(ASTSource(_matvec, sig, consts, attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
+                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     # PDL's wait and early launch in every product, and no TF32 (an fp32 run's products are exact)
     print("matvec", "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx and "tf32" not in ptx)
     # the bulk prefetch before the wait where asked (by one thread), and the next kernel launched after the loop
     launch, prefetch, wait = (ptx.find(op) for op in ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
                                                        "griddepcontrol.wait"))
     print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
-          and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx))
+          and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
+          and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
            Keys="*bf16", Values="*bf16", Acc="*fp32", M="*fp32", L="*fp32", Count="*i32", Out="*bf16",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
@@ -289,4 +317,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 5 + ["attention", "True", "rope_append", "True"]
+    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 7 + ["attention", "True", "rope_append", "True"]

@@ -59,6 +59,11 @@ L2_PREFETCH_BYTES = 8 << 20
 # ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
 # window of prefetches in flight per program, where registers hold only the next tile
 ROLLING_PREFETCH = True
+# How a product's loop keeps weight loads in flight: the next WEIGHT_TILES_AHEAD tiles in registers (1 or 2; the
+# first ones loaded before the PDL wait), or, where PIPELINE_STAGES > 0, Triton's software pipeliner with that many
+# stages through shared memory after the first tile
+WEIGHT_TILES_AHEAD = 1
+PIPELINE_STAGES = 0
 # Chunks of attention's valid prefix that the folded attention's last program merges a load (one round trip to L2
 # for a short context's few, two for Qwen3-0.6B's 17 at context 1024). Not settled: the folded attention took, µs a
 # call (PDL off) for Llama-3.2-1B at the study's workload / Qwen3-0.6B at context 1024, 4.97 / 11.67 merging one
@@ -148,33 +153,42 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
             k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False):
+            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
+            AHEAD: tl.constexpr = 1, STAGES: tl.constexpr = 0):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
     if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
-    w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
+    # weights: the first AHEAD tiles before the wait (they do not depend on the kernel before)
+    w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
+    w1 = w
+    if AHEAD == 2:
+        w1 = _weight_tile(W, pid_n, k_start + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
     _pdl_wait(PDL)
     # on tensor cores the weight tile is the left operand (W @ x.T, [BN, ROWS]): its columns fill the MMA's M, which
     # a handful of batch rows could not
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
-    for k0 in range(k_start, k_end, BK):  # the next tile is loaded before this one is used
-        if PREFETCH:
-            _prefetch_tile_ahead(W, pid_n, k0 + prefetch_ahead, k_end, k_tiles, prefetch_ahead > 0, BN, BK)
-        w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
-        x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
-        squares += sq
-        if DOT:
-            if w.dtype == tl.float32:  # an fp32 run: exact products, not TF32's
-                acc += tl.dot(w, tl.trans(x), input_precision="ieee")
+    if STAGES > 0:  # the first tile from registers, then Triton's pipeliner: STAGES tiles in flight through smem
+        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_total, pid_n, INPUT, NORM, ROWS, BK)
+        acc = _multiply_add(acc, w, x, DOT)
+        for k0 in tl.range(k_start + BK, k_end, BK, num_stages=STAGES):
+            w = _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
+            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
+            acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
+    else:  # registers hold the next AHEAD tiles: each is loaded AHEAD iterations before it is used
+        for k0 in range(k_start, k_end, BK):
+            if PREFETCH:
+                _prefetch_tile_ahead(W, pid_n, k0 + prefetch_ahead, k_end, k_tiles, prefetch_ahead > 0, BN, BK)
+            w_next = _weight_tile(W, pid_n, k0 + AHEAD * BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
+            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
+            acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
+            if AHEAD == 2:
+                w, w1 = w1, w_next
             else:
-                acc += tl.dot(w, tl.trans(x.to(w.dtype)))
-        else:
-            acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
-        w = w_next
+                w = w_next
     if DOT:
         acc = tl.trans(acc)
     # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
@@ -185,6 +199,19 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
         if pid_n + pid_k == 0:
             tl.store(Bump, tl.load(Bump) + 1)
+
+
+@triton.jit
+def _multiply_add(acc, w, x, DOT: tl.constexpr):
+    """acc + the tile's product: W @ x.T on tensor cores ([BN, ROWS]), or x @ W.T summed on CUDA cores."""
+    if DOT:
+        if w.dtype == tl.float32:  # an fp32 run: exact products, not TF32's
+            acc += tl.dot(w, tl.trans(x), input_precision="ieee")
+        else:
+            acc += tl.dot(w, tl.trans(x.to(w.dtype)))
+    else:
+        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+    return acc
 
 
 @triton.jit
@@ -554,8 +581,8 @@ class FusedDecoder:
             triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
             product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits,
             BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
-            PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, num_warps=product.warps,
-            **self._launch())
+            PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, AHEAD=WEIGHT_TILES_AHEAD,
+            STAGES=PIPELINE_STAGES, num_warps=product.warps, **self._launch())
 
     def _launch(self) -> dict:
         return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)
