@@ -46,9 +46,10 @@ ATTENTION_VARIANTS = [
     ("attention folded: one kernel a layer (the default)", [], {}),
     ("attention unfolded: RoPE + append, split-KV, merge", ["fused.fold_attention=false"], {}),
 ]
-# `--set merge`: how many chunks the folded attention's last program merges a load
-MERGE_VARIANTS = [(f"{n} chunks a load{' (the default)' if n == fused_decode.MERGE_CHUNKS else ''}", [],
-                   dict(MERGE_CHUNKS=n)) for n in (16, 1, 4, 64)]
+# `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks
+# at the longest prefix the run decodes to, fused_decode.merge_block)
+MERGE_VARIANTS = [("sized by the context (the default)", [], {})] + [
+    (f"{n} chunks a load", [], dict(merge_block=lambda valid, splits, n=n: min(n, splits))) for n in (1, 4, 16, 64)]
 # `--set loop`: how a product's loop keeps its weight loads in flight
 LOOP_VARIANTS = [
     ("the next tile in registers (the default)", [], {}),
@@ -61,7 +62,7 @@ LOOP_VARIANTS = [
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
-    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "MERGE_CHUNKS", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES")}
+    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -77,14 +77,21 @@ def test_each_way_of_keeping_weight_loads_in_flight_computes_eager_logits(loop, 
 
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("merge_chunks", [16, 2], ids=["one-load", "two-loads"])
-def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, merge_chunks, monkeypatch):
+@pytest.mark.parametrize("serial_max, longest, merge_block", [(4, None, 1), (2, None, 4), (1, 70, 2)],
+                         ids=["one-a-load", "all-in-one-load", "two-loads"])
+def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, serial_max, longest, merge_block,
+                                                                      monkeypatch):
     """Past one chunk of the valid prefix each KV head's chunks run as programs of their own, and the last to finish
-    merges them (all at once, or two chunks a load): the step still computes eager's logits and cache, and every
-    count is back to 0 for the next layer (a count left over would make the next layer's merge wait for a chunk
-    that never comes, or merge early)."""
-    monkeypatch.setattr(fused_decode, "MERGE_CHUNKS", merge_chunks)
-    eager, run, decoder = fused_and_eager(*family, "context_len=130", "cache_len=256")
+    merges them (one at a time, all in one load, or, where the prefix outgrows what the merge was sized for, in two
+    loads): the step still computes eager's logits and cache, and every count is back to 0 for the next layer (a
+    count left over would make the next layer's merge wait for a chunk that never comes, or merge early)."""
+    monkeypatch.setattr(fused_decode, "SERIAL_MERGE_MAX_CHUNKS", serial_max)
+    cfg = run_config(*FUSED, *family, "context_len=130", "cache_len=256")
+    model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False), longest_prefix=longest)
+    assert decoder.merge_block == merge_block
     splits = decoder.attn_acc.shape[2]
     valid = 131  # slots the first step's query (at slot 130) attends to
     chunk = math.ceil(math.ceil(valid / splits) / ATTN_BLOCK_N) * ATTN_BLOCK_N

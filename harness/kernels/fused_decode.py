@@ -64,12 +64,14 @@ ROLLING_PREFETCH = True
 # stages through shared memory after the first tile
 WEIGHT_TILES_AHEAD = 1
 PIPELINE_STAGES = 0
-# Chunks of attention's valid prefix that the folded attention's last program merges a load (one round trip to L2
-# for a short context's few, two for Qwen3-0.6B's 17 at context 1024). Not settled: the folded attention took, µs a
-# call (PDL off) for Llama-3.2-1B at the study's workload / Qwen3-0.6B at context 1024, 4.97 / 11.67 merging one
-# chunk a load, 7.05 / 9.57 every chunk (up to 64) in one load, 6.23 / 11.68 with 16: on three H200s, one each
-# (docs/benchmarks.md, "the attention in one kernel")
-MERGE_CHUNKS = 16
+# How many chunks the folded attention's last program merges a load, chosen when the step is planned from the chunks a
+# KV head has at the longest prefix the run decodes to (merge_block): up to SERIAL_MERGE_MAX_CHUNKS, one a load (the
+# merge's code is then smallest, and every program of the kernel, merging or not, pays for its registers); beyond,
+# every chunk in one load (one round trip to L2), MAX_MERGE_BLOCK at most. Paired on one H200 (docs/benchmarks.md,
+# "the merge sized by the context"), ms/step merging 1 / 4 / 16 / 64 chunks a load: Llama-3.2-1B at the study's
+# workload (1-3 chunks) 0.914 / 0.922 / 0.930 / 0.973; Qwen3-0.6B at context 1024 (17-18) 1.073 / 1.036 / 0.984 / 0.929
+SERIAL_MERGE_MAX_CHUNKS = 4
+MAX_MERGE_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -405,6 +407,16 @@ class Product:
         return triton.cdiv(self.k, self.bk)
 
 
+def merge_block(valid_slots: int, splits: int) -> int:
+    """Chunks the folded attention merges a load where a KV head's valid prefix is `valid_slots` long, cut as
+    triton_decode.chunk_of cuts it: one at a time for a few chunks, else all of them in one load."""
+    chunk = triton.cdiv(triton.cdiv(valid_slots, splits), ATTN_BLOCK_N) * ATTN_BLOCK_N
+    chunks = triton.cdiv(valid_slots, chunk)
+    if chunks <= SERIAL_MERGE_MAX_CHUNKS:
+        return 1
+    return min(MAX_MERGE_BLOCK, triton.next_power_of_2(chunks))
+
+
 def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
     """(BN, BK, warps). On a GPU, tensor cores with the weight tile as the MMA's left operand, 64 x 128: the fastest
     tile at bs 1, 2, 8 and 32 on the H200 (2.4-4.4 TB/s on Llama-3.2-1B's products, where 8 x 512 on CUDA cores
@@ -506,9 +518,12 @@ class Layer:
 class FusedDecoder:
     """The weights packed, the buffers allocated and one decode step launched: `step()` reads the input ids
     [rows, 1] and the cache position, appends to the cache, writes the logits [rows, vocab] (fp32) and advances
-    every layer's position. `fault`: a test's fault inside the kernels ("fused_rope_off_by_one", "kv_append_lost")."""
+    every layer's position. `longest_prefix`: the most slots a step will attend to (sizes the attention's merge;
+    any length still computes right); the cache's capacity where not given. `fault`: a test's fault inside the
+    kernels ("fused_rope_off_by_one", "kv_append_lost")."""
 
-    def __init__(self, model, cache, input_ids: torch.Tensor, options: FusedOptions, fault: str | None = None):
+    def __init__(self, model, cache, input_ids: torch.Tensor, options: FusedOptions, fault: str | None = None,
+                 longest_prefix: int | None = None):
         config, rows = model.config, input_ids.shape[0]
         self.options, self.cache, self.input_ids, self.rows = options, cache, input_ids, rows
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -523,6 +538,8 @@ class FusedDecoder:
             self.lm_head = plan(model.lm_head.weight, options, splittable=False)
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         self._buffers(cache.layers[0].keys)
+        capacity = cache.layers[0].max_cache_len
+        self.merge_block = merge_block(min(longest_prefix or capacity, capacity), self.attn_acc.shape[2])
 
     def _layer(self, layer) -> Layer:
         attn, mlp, opts = layer.self_attn, layer.mlp, self.options
@@ -608,7 +625,7 @@ class FusedDecoder:
             HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=max(16, triton.next_power_of_2(self.heads //
             self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
-            IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=min(splits, MERGE_CHUNKS), **self._launch())
+            IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block, **self._launch())
 
     def _attend(self, kv, position: torch.Tensor) -> None:
         """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""

@@ -19,12 +19,15 @@ from harness.modes.graphed import GraphedStepper
 
 
 class FusedStepper(GraphedStepper):
-    def __init__(self, model, prompt, cache_len, options, fault: str | None = None, graph_steps: int = 1):
+    def __init__(self, model, prompt, cache_len, options, fault: str | None = None, graph_steps: int = 1,
+                 steps_after_prompt: int | None = None):
         super().__init__(model, prompt, cache_len, graph_steps)
         from harness.kernels.fused_decode import FusedDecoder  # Triton: imported by the jobs that run this mode
 
         start = time.perf_counter()
-        self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, fault)
+        # the longest prefix a timed step attends to: the context, the steps decoded after it, the new token
+        longest = None if steps_after_prompt is None else prompt.shape[1] + steps_after_prompt + 1
+        self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, fault, longest)
         self.metrics.update(pack_ms=(time.perf_counter() - start) * 1e3,
                             kernel_launches_per_step=float(self.decoder.kernels_per_step()))
         self.tags["fused"] = " ".join(f"{field.name}={'on' if getattr(options, field.name) else 'off'}"
@@ -65,7 +68,8 @@ class FusedMode(DecodeMode):
                                prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
-        return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps).prepare(prompt)
+        return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
+                            cfg.warmup + cfg.decode_tokens).prepare(prompt)
 
 
 def family_problem(model: torch.nn.Module) -> str | None:
