@@ -7,6 +7,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
+    python benchmarks/fused_prefetch.py --set swiglu model=...      # gate/up's K split or not
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -59,10 +60,18 @@ LOOP_VARIANTS = [
     ("the next two tiles in registers, 8 MiB first to L2", ["fused.prefetch=true"],
      dict(WEIGHT_TILES_AHEAD=2, ROLLING_PREFETCH=False)),
 ]
-SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS}
+# `--set swiglu`: gate/up's K split (the last split of a column block adds the sums before SiLU) or not
+SWIGLU_VARIANTS = [
+    ("gate/up split to a program per SM (the default)", [], {}),
+    ("gate/up never split", [], dict(SWIGLU_PROGRAMS_PER_SM=0)),
+    ("gate/up split to 4 programs per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=4)),
+]
+SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
+        "swiglu": SWIGLU_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
-    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES")}
+    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES",
+    "SWIGLU_PROGRAMS_PER_SM")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -41,12 +41,14 @@ def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
 def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
     eager, run, decoder = fused_and_eager(*family, options=options)
     assert eager.model.config.model_type == ("llama" if family else "qwen3")
-    assert decoder.layers[0].down.splits > 1 if options.split_k else decoder.layers[0].down.splits == 1
+    splits = {decoder.layers[0].down.splits, decoder.layers[0].gate_up.splits}  # gate/up: summed before SiLU
+    assert min(splits) > 1 if options.split_k else splits == {1}
     start = eager.context_len
     with torch.inference_mode():
         for step in range(4):  # teacher-forced: both fed eager's choice
             want, got = eager.step(), decoder.step()
             assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
+            assert decoder.swiglu_count.eq(0).all()  # each column block's count back to 0 for the next layer
             token = want.argmax(-1, keepdim=True)
             eager.input_ids.copy_(token)
             run.input_ids.copy_(token)
@@ -260,7 +262,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from harness.kernels.fused_decode import _attention, _matvec, _rope_append
 
-ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
+ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64",
+            Scratch="*fp32", Count="*i32")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
 names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "AHEAD",
@@ -274,6 +277,7 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
     dict(INPUT=0, NORM=True, OUTPUT=3, SPLITS=2, BUMP=False, PACKED=True, X="*fp32", W="*fp32", Gain="*fp32"),  # dtype=fp32
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", AHEAD=2),
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, X="*bf16", STAGES=3),
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=4, BUMP=False, PACKED=True, X="*fp32", Out="*bf16"),  # gate/up split
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
@@ -292,6 +296,10 @@ for product in products:
     print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
           and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
+    # gate/up split: its partials stored by every thread (a barrier) before the count, the sums read from L2 after
+    count = ptx.find("atom.global.gpu.acq_rel.add")
+    print("splits", (count > -1) == (consts["OUTPUT"] == 1 and consts["SPLITS"] > 1) and (
+        count == -1 or ("ld.global.cg" in ptx[count:] and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count))))
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
            Keys="*bf16", Values="*bf16", Acc="*fp32", M="*fp32", L="*fp32", Count="*i32", Out="*bf16",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
@@ -324,4 +332,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 7 + ["attention", "True", "rope_append", "True"]
+    assert done.stdout.split() == ["matvec", "True", "order", "True", "splits", "True"] * 8 + ["attention", "True", "rope_append", "True"]

@@ -13,7 +13,8 @@ Per layer, in launch order:
    three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`.)
 3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
-   that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
+   that each column block finishes SiLU(gate)·up (and 1/rms) for its columns; where K is split, the split of a
+   block that finishes last adds the others' partial sums first (counted as the attention's chunks are).
 5. `_matvec` (down): added to the residual stream in place.
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
@@ -64,6 +65,8 @@ ROLLING_PREFETCH = True
 # stages through shared memory after the first tile
 WEIGHT_TILES_AHEAD = 1
 PIPELINE_STAGES = 0
+# gate/up's K is split (SiLU after the last split's sum) until its programs reach this many per SM; 0: never split
+SWIGLU_PROGRAMS_PER_SM = 1
 # How many chunks the folded attention's last program merges a load, chosen when the step is planned from the chunks a
 # KV head has at the longest prefix the run decodes to (merge_block): up to SERIAL_MERGE_MAX_CHUNKS, one a load (the
 # merge's code is then smallest, and every program of the kernel, merging or not, pays for its registers); beyond,
@@ -152,7 +155,7 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 
 @triton.jit
-def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
+def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Count, rows, k_total, n_total, out_cols, k_per_split,
             k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
@@ -196,8 +199,14 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
     # next kernel's programs waited beside this one's and the step took 43% longer; docs/benchmarks.md)
     _pdl_start(PDL)
-    _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
-           ROWS, BN)
+    if OUTPUT == 1 and SPLITS > 1:  # SiLU needs whole sums: the split of this column block finishing last adds them
+        acc, squares, last = _splits_summed(acc, squares, Scratch, Count, rows, pid_n, pid_k, SPLITS, ROWS, BN)
+        if last:
+            _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
+                   SPLITS, ROWS, BN)
+    else:
+        _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
+               SPLITS, ROWS, BN)
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
         if pid_n + pid_k == 0:
             tl.store(Bump, tl.load(Bump) + 1)
@@ -214,6 +223,30 @@ def _multiply_add(acc, w, x, DOT: tl.constexpr):
     else:
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
     return acc
+
+
+@triton.jit
+def _splits_summed(acc, squares, Scratch, Count, rows, pid_n, pid_k, SPLITS: tl.constexpr, ROWS: tl.constexpr,
+                   BN: tl.constexpr):
+    """A K split's partial product [ROWS, BN] and squares [ROWS] into Scratch, counted per column block (as the
+    folded attention counts its chunks: a barrier, then an atomic released and acquired at the GPU's scope); the
+    split counted last gets every split's sums back (from L2, ".cg") and `last`, and sets the count back to 0."""
+    r, c = tl.arange(0, ROWS), tl.arange(0, BN)
+    live = r < rows
+    first = pid_n * SPLITS  # this column block's SPLITS slots: [blocks, SPLITS, ROWS, BN], then the squares after
+    squares_at = Scratch + tl.num_programs(0) * SPLITS * ROWS * BN + first * ROWS
+    tl.store(Scratch + ((first + pid_k) * ROWS + r[:, None]) * BN + c[None, :], acc, mask=live[:, None])
+    tl.store(squares_at + pid_k * ROWS + r, squares, mask=live)
+    tl.debug_barrier()
+    last = tl.atomic_add(Count + pid_n, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+    if last:
+        acc, squares = tl.zeros([ROWS, BN], tl.float32), tl.zeros([ROWS], tl.float32)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(Scratch + ((first + s) * ROWS + r[:, None]) * BN + c[None, :], mask=live[:, None],
+                           other=0.0, cache_modifier=".cg")
+            squares += tl.load(squares_at + s * ROWS + r, mask=live, other=0.0, cache_modifier=".cg")
+        tl.store(Count + pid_n, 0)
+    return acc, squares, last
 
 
 @triton.jit
@@ -460,8 +493,9 @@ def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor
 def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]:
     """(BN, K splits): 64 columns a block, split where the blocks are too few (split_count); and where even the splits
     leave SMs without a program (a 1024-wide model's O and down projections), narrower blocks, down to the MMA's 16.
-    (Not gate/up, which cannot split: Qwen3-0.6B's in 32-column blocks, 192 programs, took 13.2 µs against 11.1 in
-    64-column blocks, 96 programs, on the H200; docs/benchmarks.md.)"""
+    (Not gate/up, whose blocks hold gate and up in pairs: Qwen3-0.6B's in 32-column blocks, 192 programs, took 13.2 µs
+    against 11.1 in 64-column blocks, 96 programs, on the H200; docs/benchmarks.md. It splits K instead:
+    swiglu_splits.)"""
     bn = tile_sizes(n, k)[0]
     splits = split_count(n, k, bn, bk, split_k)
     while not interpreted() and bn > 16 and triton.cdiv(n, bn) * splits < SMS:
@@ -492,13 +526,25 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Produ
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> Product:
-    """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
+    """gate and up as one product whose every BN columns are half gate, half up; K split (SWIGLU_PROGRAMS_PER_SM),
+    the last split of a column block adding the others' sums before SiLU."""
     k = gate.shape[1]
     bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
-    return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   options.packed, warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), options))
+    splits = swiglu_splits(n, k, bn, bk, options.split_k)
+    return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, splits, not interpreted(),
+                   options.packed, warps, prefetch_bytes(n, k, bn, bk, splits, paired.element_size(), options))
+
+
+def swiglu_splits(n: int, k: int, bn: int, bk: int, allowed: bool) -> int:
+    """gate/up's K splits: a power of two that brings its programs to SWIGLU_PROGRAMS_PER_SM per SM, whole tiles a
+    split, at most MAX_SPLITS; 1 where its column blocks alone reach that (or SWIGLU_PROGRAMS_PER_SM is 0)."""
+    blocks, splits = triton.cdiv(n, bn), 1
+    while (allowed and splits < MAX_SPLITS and blocks * splits < SWIGLU_PROGRAMS_PER_SM * SMS
+           and k % (2 * splits * bk) == 0):
+        splits *= 2
+    return splits
 
 
 @dataclass
@@ -565,6 +611,12 @@ class FusedDecoder:
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
         self.chunks_done = torch.zeros(rows, self.kv_heads, device=like.device, dtype=torch.int32)
+        # gate/up's split partial sums and squares ([blocks, splits, ROWS, BN], then [blocks, splits, ROWS]) and the
+        # splits of each column block done (the last adds them up and sets it back to 0)
+        gate_up, padded = first.gate_up, max(16, triton.next_power_of_2(rows))
+        blocks = gate_up.grid[0]
+        self.swiglu_scratch = torch.zeros(blocks * gate_up.splits * padded * (gate_up.bn + 1), **f32)
+        self.swiglu_count = torch.zeros(blocks, device=like.device, dtype=torch.int32)
 
     def kernels_per_step(self) -> int:
         return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
@@ -594,7 +646,7 @@ class FusedDecoder:
         rows = triton.next_power_of_2(self.rows)
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
-            self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
+            self.squares, out if bump is None else bump, self.swiglu_scratch, self.swiglu_count, self.rows, product.k, product.n, out.shape[1],
             triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
             product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits,
             BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
