@@ -155,8 +155,8 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 
 @triton.jit
-def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Count, rows, k_total, n_total, out_cols, k_per_split,
-            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
+def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Count, rows, k_total, n_total, out_cols,
+            k_per_split, k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
             AHEAD: tl.constexpr = 1, STAGES: tl.constexpr = 0):
@@ -172,8 +172,34 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Coun
     if AHEAD == 2:
         w1 = _weight_tile(W, pid_n, k_start + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
     _pdl_wait(PDL)
-    # on tensor cores the weight tile is the left operand (W @ x.T, [BN, ROWS]): its columns fill the MMA's M, which
-    # a handful of batch rows could not
+    acc, squares = _weight_loop(w, w1, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
+                                pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, AHEAD, STAGES)
+    if DOT:
+        acc = tl.trans(acc)
+    # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
+    # next kernel's programs waited beside this one's and the step took 43% longer; docs/benchmarks.md)
+    _pdl_start(PDL)
+    if OUTPUT == 1 and SPLITS > 1:  # SiLU needs whole sums: the split of this column block finishing last adds them
+        acc, squares, last = _splits_summed(acc, squares, Scratch, Count, rows, pid_n, pid_k, SPLITS, ROWS, BN)
+        if last:
+            _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
+                   SPLITS, ROWS, BN)
+    else:
+        _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
+               SPLITS, ROWS, BN)
+    if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
+        if pid_n + pid_k == 0:
+            tl.store(Bump, tl.load(Bump) + 1)
+
+
+@triton.jit
+def _weight_loop(w, w1, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles, pid_n,
+                 prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr,
+                 AHEAD: tl.constexpr, STAGES: tl.constexpr):
+    """The product over the split's K, from its first tile `w` (and `w1`, the second, where AHEAD is 2), loaded
+    before the PDL wait: the sums [BN, ROWS] (tensor cores: the weight tile is the MMA's left operand, its columns
+    fill the MMA's M, which a handful of batch rows could not) or [ROWS, BN], and the input's squares [ROWS]."""
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     if STAGES > 0:  # the first tile from registers, then Triton's pipeliner: STAGES tiles in flight through smem
@@ -194,22 +220,7 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Coun
                 w, w1 = w1, w_next
             else:
                 w = w_next
-    if DOT:
-        acc = tl.trans(acc)
-    # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
-    # next kernel's programs waited beside this one's and the step took 43% longer; docs/benchmarks.md)
-    _pdl_start(PDL)
-    if OUTPUT == 1 and SPLITS > 1:  # SiLU needs whole sums: the split of this column block finishing last adds them
-        acc, squares, last = _splits_summed(acc, squares, Scratch, Count, rows, pid_n, pid_k, SPLITS, ROWS, BN)
-        if last:
-            _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
-                   SPLITS, ROWS, BN)
-    else:
-        _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
-               SPLITS, ROWS, BN)
-    if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
-        if pid_n + pid_k == 0:
-            tl.store(Bump, tl.load(Bump) + 1)
+    return acc, squares
 
 
 @triton.jit
