@@ -62,8 +62,8 @@ LOOP_VARIANTS = [
 ]
 # `--set swiglu`: gate/up's K split (the last split of a column block adds the sums before SiLU) or not
 SWIGLU_VARIANTS = [
-    ("gate/up split to a program per SM (the default)", [], {}),
-    ("gate/up never split", [], dict(SWIGLU_PROGRAMS_PER_SM=0)),
+    ("gate/up never split (the default)", [], {}),
+    ("gate/up split to a program per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=1)),
     ("gate/up split to 4 programs per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=4)),
 ]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,

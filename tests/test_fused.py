@@ -38,7 +38,8 @@ def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
 @pytest.mark.parametrize("options", [FusedOptions(pdl=False), FusedOptions(pdl=False, split_k=False, packed=False),
                                      FusedOptions(pdl=False, fold_attention=False)],
                          ids=["split-packed", "plain", "attention-unfolded"])
-def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
+def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options, monkeypatch):
+    monkeypatch.setattr(fused_decode, "SWIGLU_PROGRAMS_PER_SM", 1)  # gate/up split too (not by default on a GPU)
     eager, run, decoder = fused_and_eager(*family, options=options)
     assert eager.model.config.model_type == ("llama" if family else "qwen3")
     splits = {decoder.layers[0].down.splits, decoder.layers[0].gate_up.splits}  # gate/up: summed before SiLU

@@ -65,8 +65,10 @@ ROLLING_PREFETCH = True
 # stages through shared memory after the first tile
 WEIGHT_TILES_AHEAD = 1
 PIPELINE_STAGES = 0
-# gate/up's K is split (SiLU after the last split's sum) until its programs reach this many per SM; 0: never split
-SWIGLU_PROGRAMS_PER_SM = 1
+# gate/up's K is split (SiLU after the last split's sum) until its programs reach this many per SM; 0: never split.
+# Never: paired on one H200 (docs/benchmarks.md, "gate/up split"), splitting Qwen3-0.6B's 96 column blocks in two
+# cost 1.0% of the step at context 1024, to four programs an SM 5.2%; Llama-3.2-1B's 256 in four 7.9%
+SWIGLU_PROGRAMS_PER_SM = 0
 # How many chunks the folded attention's last program merges a load, chosen when the step is planned from the chunks a
 # KV head has at the longest prefix the run decodes to (merge_block): up to SERIAL_MERGE_MAX_CHUNKS, one a load (the
 # merge's code is then smallest, and every program of the kernel, merging or not, pays for its registers); beyond,
