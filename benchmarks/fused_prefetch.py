@@ -8,6 +8,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set swiglu model=...      # gate/up's K split or not
+    python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -66,12 +67,15 @@ SWIGLU_VARIANTS = [
     ("gate/up split to a program per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=1)),
     ("gate/up split to 4 programs per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=4)),
 ]
+# `--set chunks`: how many programs the attention's chunks aim at (fewer: longer chunks, fewer queries and merges)
+CHUNK_VARIANTS = [(f"attention chunks for {n} programs{' (the default)' if n == fused_decode.ATTENTION_PROGRAMS else ''}",
+                   [], dict(ATTENTION_PROGRAMS=n)) for n in (264, 128, 64, 32)]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
-        "swiglu": SWIGLU_VARIANTS}
+        "swiglu": SWIGLU_VARIANTS, "chunks": CHUNK_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES",
-    "SWIGLU_PROGRAMS_PER_SM")}
+    "SWIGLU_PROGRAMS_PER_SM", "ATTENTION_PROGRAMS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

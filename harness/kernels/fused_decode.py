@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
-                                           merge_head, splits_for)
+                                           TARGET_PROGRAMS, merge_head, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -77,6 +77,9 @@ SWIGLU_PROGRAMS_PER_SM = 0
 # workload (1-3 chunks) 0.914 / 0.922 / 0.930 / 0.973; Qwen3-0.6B at context 1024 (17-18) 1.073 / 1.036 / 0.984 / 0.929
 SERIAL_MERGE_MAX_CHUNKS = 4
 MAX_MERGE_BLOCK = 64
+# Programs the attention's chunks of the valid prefix aim at (all rows and KV heads together): fewer, longer chunks
+# compute each group's queries fewer times and merge fewer partials, more fill more SMs
+ATTENTION_PROGRAMS = TARGET_PROGRAMS
 
 
 @dataclass(frozen=True)
@@ -619,7 +622,7 @@ class FusedDecoder:
         self.attn_out = torch.zeros(rows, self.heads * self.head_dim, device=like.device, dtype=like.dtype)
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
-        splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len)
+        splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0

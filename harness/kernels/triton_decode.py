@@ -111,9 +111,10 @@ def merge_head(Acc, M, L, base, count, D: tl.constexpr, BLOCK: tl.constexpr, CAC
     return out / total
 
 
-def splits_for(rows: int, kv_heads: int, slots: int) -> int:
-    """Chunks per (row, KV head): enough programs to fill the GPU, a power of two, no more than the blocks."""
-    wanted = max(1, TARGET_PROGRAMS // (rows * kv_heads))
+def splits_for(rows: int, kv_heads: int, slots: int, programs: int = TARGET_PROGRAMS) -> int:
+    """Chunks per (row, KV head): enough to bring the programs to about `programs`, a power of two, no more than
+    the blocks."""
+    wanted = max(1, programs // (rows * kv_heads))
     return max(1, min(triton.next_power_of_2(wanted), triton.next_power_of_2(triton.cdiv(slots, BLOCK_N))))
 
 
