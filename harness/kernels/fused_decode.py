@@ -78,7 +78,9 @@ SWIGLU_PROGRAMS_PER_SM = 0
 SERIAL_MERGE_MAX_CHUNKS = 4
 MAX_MERGE_BLOCK = 64
 # Programs the attention's chunks of the valid prefix aim at (all rows and KV heads together): fewer, longer chunks
-# compute each group's queries fewer times and merge fewer partials, more fill more SMs
+# compute each group's queries fewer times and merge fewer partials, more fill more SMs. attn=triton-decode's 264:
+# 128 and 64 were within 0.7% of it, paired, on Qwen3-0.6B and Qwen3-8B at context 1024, 32 5% slower (one H200;
+# docs/benchmarks.md, "the merge sized by the context")
 ATTENTION_PROGRAMS = TARGET_PROGRAMS
 
 
