@@ -9,6 +9,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set swiglu model=...      # gate/up's K split or not
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
+    python benchmarks/fused_prefetch.py --set padding model=...     # the attention's padding query rows
+    python benchmarks/fused_prefetch.py --set before model=...      # eight warps and the folded attention, or not
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -70,12 +72,22 @@ SWIGLU_VARIANTS = [
 # `--set chunks`: how many programs the attention's chunks aim at (fewer: longer chunks, fewer queries and merges)
 CHUNK_VARIANTS = [(f"attention chunks for {n} programs{' (the default)' if n == fused_decode.ATTENTION_PROGRAMS else ''}",
                    [], dict(ATTENTION_PROGRAMS=n)) for n in (264, 128, 64, 32)]
+# `--set padding`: the attention's padding query rows masked (the default) or repeating the last head's loads;
+# `--set before`: what changed Qwen3-8B at bs=32 (eight warps, the attention folded) against the kernels before
+PADDING_VARIANTS = [("padding query rows masked (the default)", [], {}),
+                    ("padding query rows load the last head again", [], dict(QUERY_PADDING_MASKED=False))]
+BEFORE_VARIANTS = [
+    ("eight warps, attention folded (the default)", [], {}),
+    ("four warps, attention folded", [], dict(tile_sizes=tiles(64, 128, 4))),
+    ("eight warps, three attention launches", ["fused.fold_attention=false"], {}),
+    ("four warps, three attention launches", ["fused.fold_attention=false"], dict(tile_sizes=tiles(64, 128, 4))),
+]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
-        "swiglu": SWIGLU_VARIANTS, "chunks": CHUNK_VARIANTS}
+        "swiglu": SWIGLU_VARIANTS, "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES",
-    "SWIGLU_PROGRAMS_PER_SM", "ATTENTION_PROGRAMS")}
+    "SWIGLU_PROGRAMS_PER_SM", "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -79,6 +79,22 @@ def test_each_way_of_keeping_weight_loads_in_flight_computes_eager_logits(loop, 
             run.input_ids.copy_(token)
 
 
+@pytest.mark.parametrize("masked", [True, False], ids=["padding-masked", "padding-repeats-last-head"])
+def test_the_attention_query_tile_padding_never_reaches_the_output(masked, monkeypatch):
+    """The folded attention's query tile has 16 rows for a group of fewer heads: the padding rows, masked (zero
+    queries) or repeating the last head, are computed and never stored; the logits are eager's either way."""
+    monkeypatch.setattr(fused_decode, "QUERY_PADDING_MASKED", masked)
+    eager, run, decoder = fused_and_eager(*LLAMA)
+    assert decoder.heads // decoder.kv_heads < 16  # there is padding
+    with torch.inference_mode():
+        for step in range(2):
+            want, got = eager.step(), decoder.step()
+            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
+            token = want.argmax(-1, keepdim=True)
+            eager.input_ids.copy_(token)
+            run.input_ids.copy_(token)
+
+
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
 @pytest.mark.parametrize("serial_max, longest, merge_block", [(4, None, 1), (2, None, 4), (1, 70, 2)],
                          ids=["one-a-load", "all-in-one-load", "two-loads"])
@@ -306,9 +322,9 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
                             "o_row"], "i32"), eps="fp32", scale="fp32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
-                            "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL"], "constexpr"))
+                            "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD"], "constexpr"))
 consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
-              ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True)
+              ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True)
 ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 # the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at the
 # GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1

@@ -82,6 +82,9 @@ MAX_MERGE_BLOCK = 64
 # 128 and 64 were within 0.7% of it, paired, on Qwen3-0.6B and Qwen3-8B at context 1024, 32 5% slower (one H200;
 # docs/benchmarks.md, "the merge sized by the context")
 ATTENTION_PROGRAMS = TARGET_PROGRAMS
+# The folded attention's query tile has GROUP_PAD rows (16, the MMA's least) for a group of 2-8 heads: the padding
+# rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums
+QUERY_PADDING_MASKED = True
 
 
 @dataclass(frozen=True)
@@ -325,11 +328,20 @@ def _head_norm(x1, x2, Gain, half, eps, D: tl.constexpr):
 
 
 @triton.jit
-def _summed(Parts, rows, n_total, row, col, offsets, SPLITS: tl.constexpr):
-    total = tl.load(Parts + row * n_total + col + offsets)
+def _summed(Parts, rows, n_total, row, col, offsets, SPLITS: tl.constexpr, mask=None):
+    """The QKV product's split partial sums at columns col + offsets, added up (0 where `mask`, if given, is off)."""
+    total = _part(Parts + row * n_total + col + offsets, mask)
     for s in tl.static_range(1, SPLITS):
-        total += tl.load(Parts + (s * rows + row) * n_total + col + offsets)
+        total += _part(Parts + (s * rows + row) * n_total + col + offsets, mask)
     return total
+
+
+@triton.jit
+def _part(at, mask):
+    if mask is None:
+        return tl.load(at)
+    else:
+        return tl.load(at, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -343,12 +355,12 @@ def _inv_rms(Squares, rows, row, hidden, eps, SPLITS: tl.constexpr):
 
 @triton.jit
 def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, Cos, Sin, at, eps, SPLITS: tl.constexpr,
-                   QK_NORM: tl.constexpr, D: tl.constexpr):
+                   QK_NORM: tl.constexpr, D: tl.constexpr, real=None):
     """The heads whose first QKV columns are `cols` [H, 1]: summed partials times 1/rms, Qwen3's head norm, RoPE at
     position `at`, as [H, D] fp32."""
     half = tl.arange(0, D // 2)[None, :]
-    x1 = _summed(Parts, rows, n_total, row, cols, half, SPLITS) * inv_rms
-    x2 = _summed(Parts, rows, n_total, row, cols + D // 2, half, SPLITS) * inv_rms
+    x1 = _summed(Parts, rows, n_total, row, cols, half, SPLITS, real) * inv_rms
+    x2 = _summed(Parts, rows, n_total, row, cols + D // 2, half, SPLITS, real) * inv_rms
     if QK_NORM:
         x1, x2 = _head_norm(x1, x2, Gain, half, eps, D)
     cos, sin = tl.load(Cos + at * (D // 2) + half), tl.load(Sin + at * (D // 2) + half)
@@ -375,7 +387,8 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row, HEADS: tl.constexpr,
                KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
                SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-               APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr):
+               APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+               MASK_PAD: tl.constexpr = True):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
     the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
@@ -386,10 +399,13 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
     start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
         inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
-        group = HEADS // KV_HEADS
-        heads = kv_head * group + tl.minimum(tl.arange(0, GROUP_PAD), group - 1)  # padding repeats the last head
+        group, g = HEADS // KV_HEADS, tl.arange(0, GROUP_PAD)
+        if MASK_PAD:  # the MMA's padding rows load nothing (zero queries, never stored)
+            heads, real = kv_head * group + g, (g < group)[:, None]
+        else:  # they repeat the last head's loads
+            heads, real = kv_head * group + tl.minimum(g, group - 1), None
         q = _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, Cos, Sin, at, eps,
-                           QKV_SPLITS, QK_NORM, D).to(Keys.dtype.element_ty)
+                           QKV_SPLITS, QK_NORM, D, real).to(Keys.dtype.element_ty)
         if split == chunks - 1:  # the chunk that holds slot pos: the new K/V first, seen by all its threads
             _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
                     k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
@@ -695,7 +711,8 @@ class FusedDecoder:
             HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=max(16, triton.next_power_of_2(self.heads //
             self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
-            IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block, **self._launch())
+            IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
+            MASK_PAD=QUERY_PADDING_MASKED, **self._launch())
 
     def _attend(self, kv, position: torch.Tensor) -> None:
         """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""
