@@ -83,7 +83,8 @@ MAX_MERGE_BLOCK = 64
 # docs/benchmarks.md, "the merge sized by the context")
 ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # The folded attention's query tile has GROUP_PAD rows (16, the MMA's least) for a group of 2-8 heads: the padding
-# rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums
+# rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums. Masked took 1.5% off
+# Qwen3-0.6B's step at context 1024 and 1.3% off Qwen3-8B's, paired on one H200 (docs/benchmarks.md)
 QUERY_PADDING_MASKED = True
 
 
@@ -488,7 +489,8 @@ def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
     """(BN, BK, warps). On a GPU, tensor cores with the weight tile as the MMA's left operand, 64 x 128: the fastest
     tile at bs 1, 2, 8 and 32 on the H200 (2.4-4.4 TB/s on Llama-3.2-1B's products, where 8 x 512 on CUDA cores
     reached 2.0-3.4 at bs=1 and far less above), on eight warps: alone four were as fast, but in the step eight took
-    Llama-3.2-1B's bs=1 step from 1.009 to 0.943 ms (64 x 256 tiles: 1.080; docs/benchmarks.md). In Triton's
+    Llama-3.2-1B's bs=1 step from 1.009 to 0.943 ms (64 x 256 tiles: 1.080; docs/benchmarks.md), though on
+    Qwen3-8B at bs=32 four were 6% faster (the warps are not chosen by the batch yet). In Triton's
     interpreter (CUDA-core products in fp32), whose cost is per program and per operation, wide column blocks and
     narrow K tiles, so that a tiny model's products still run split and over several tiles (the paths the tests
     check)."""
