@@ -650,9 +650,9 @@ class FusedDecoder:
         # gate/up's split partial sums and squares ([blocks, splits, ROWS, BN], then [blocks, splits, ROWS]) and the
         # splits of each column block done (the last adds them up and sets it back to 0)
         gate_up, padded = first.gate_up, max(16, triton.next_power_of_2(rows))
-        blocks = gate_up.grid[0]
-        self.swiglu_scratch = torch.zeros(blocks * gate_up.splits * padded * (gate_up.bn + 1), **f32)
-        self.swiglu_count = torch.zeros(blocks, device=like.device, dtype=torch.int32)
+        blocks, split = gate_up.grid[0], gate_up.splits > 1  # (unsplit, the kernel never touches them)
+        self.swiglu_scratch = torch.zeros(blocks * gate_up.splits * padded * (gate_up.bn + 1) if split else 1, **f32)
+        self.swiglu_count = torch.zeros(blocks if split else 1, device=like.device, dtype=torch.int32)
 
     def kernels_per_step(self) -> int:
         return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
