@@ -66,8 +66,8 @@ ROLLING_PREFETCH = True
 WEIGHT_TILES_AHEAD = 1
 PIPELINE_STAGES = 0
 # gate/up's K is split (SiLU after the last split's sum) until its programs reach this many per SM; 0: never split.
-# Never: paired on one H200 (docs/benchmarks.md, "gate/up split"), splitting Qwen3-0.6B's 96 column blocks in two
-# cost 1.0% of the step at context 1024, to four programs an SM 5.2%; Llama-3.2-1B's 256 in four 7.9%
+# Never: paired on one H200 (docs/benchmarks.md, "gate/up split over K"), against no split, splitting Qwen3-0.6B's 96
+# column blocks in two cost 1.0% of the step at context 1024, in eight 6.3%; Llama-3.2-1B's 256 in four 8.0%
 SWIGLU_PROGRAMS_PER_SM = 0
 # How many chunks the folded attention's last program merges a load, chosen when the step is planned from the chunks a
 # KV head has at the longest prefix the run decodes to (merge_block): up to SERIAL_MERGE_MAX_CHUNKS, one a load (the
@@ -167,9 +167,9 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 @triton.jit
 def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Count, rows, k_total, n_total, out_cols,
-            k_per_split, k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
-            SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
+            k_per_split, k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr,
+            OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+            BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
             AHEAD: tl.constexpr = 1, STAGES: tl.constexpr = 0):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -682,8 +682,8 @@ class FusedDecoder:
         rows = triton.next_power_of_2(self.rows)
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
-            self.squares, out if bump is None else bump, self.swiglu_scratch, self.swiglu_count, self.rows, product.k, product.n, out.shape[1],
-            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
+            self.squares, out if bump is None else bump, self.swiglu_scratch, self.swiglu_count, self.rows, product.k,
+            product.n, out.shape[1], triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
             product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits,
             BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
             PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, AHEAD=WEIGHT_TILES_AHEAD,
