@@ -169,8 +169,8 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Count, rows, k_total, n_total, out_cols,
             k_per_split, k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr,
             OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
-            AHEAD: tl.constexpr = 1, STAGES: tl.constexpr = 0):
+            BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+            PREFETCH: tl.constexpr = False, AHEAD: tl.constexpr = 1, STAGES: tl.constexpr = 0):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
@@ -683,9 +683,9 @@ class FusedDecoder:
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
             self.squares, out if bump is None else bump, self.swiglu_scratch, self.swiglu_count, self.rows, product.k,
-            product.n, out.shape[1], triton.cdiv(product.k, product.splits), product.k_tiles, self.eps, product.prefetch_bytes,
-            product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits,
-            BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
+            product.n, out.shape[1], triton.cdiv(product.k, product.splits), product.k_tiles, self.eps,
+            product.prefetch_bytes, product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output,
+            SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
             PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, AHEAD=WEIGHT_TILES_AHEAD,
             STAGES=PIPELINE_STAGES, num_warps=product.warps, **self._launch())
 
