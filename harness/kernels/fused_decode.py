@@ -685,9 +685,10 @@ class FusedDecoder:
             self.squares, out if bump is None else bump, self.swiglu_scratch, self.swiglu_count, self.rows, product.k,
             product.n, out.shape[1], triton.cdiv(product.k, product.splits), product.k_tiles, self.eps,
             product.prefetch_bytes, product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output,
-            SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows, BN=product.bn, BK=product.bk,
-            PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, AHEAD=WEIGHT_TILES_AHEAD,
-            STAGES=PIPELINE_STAGES, num_warps=product.warps, **self._launch())
+            SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows,
+            BN=product.bn, BK=product.bk, PACKED=product.packed, DOT=product.dot,
+            PREFETCH=product.prefetch_bytes > 0, AHEAD=WEIGHT_TILES_AHEAD, STAGES=PIPELINE_STAGES,
+            num_warps=product.warps, **self._launch())
 
     def _launch(self) -> dict:
         return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)
