@@ -34,6 +34,22 @@ def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
     return eager, run, FusedDecoder(model, run.cache, run.static_ids, options)
 
 
+def decode_like_eager(eager, run, decoder, steps: int, after_each=lambda: None) -> None:
+    """Teacher-forced: both fed eager's choice; the fused logits are eager's at every step."""
+    with torch.inference_mode():
+        for step in range(steps):
+            want, got = eager.step(), decoder.step()
+            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
+            after_each()
+            token = want.argmax(-1, keepdim=True)
+            eager.input_ids.copy_(token)
+            run.input_ids.copy_(token)
+
+
+def _assert(condition) -> None:
+    assert condition
+
+
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
 @pytest.mark.parametrize("options", [FusedOptions(pdl=False), FusedOptions(pdl=False, split_k=False, packed=False),
                                      FusedOptions(pdl=False, fold_attention=False)],
@@ -45,14 +61,8 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options, 
     splits = {decoder.layers[0].down.splits, decoder.layers[0].gate_up.splits}  # gate/up: summed before SiLU
     assert min(splits) > 1 if options.split_k else splits == {1}
     start = eager.context_len
-    with torch.inference_mode():
-        for step in range(4):  # teacher-forced: both fed eager's choice
-            want, got = eager.step(), decoder.step()
-            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
-            assert decoder.swiglu_count.eq(0).all()  # each column block's count back to 0 for the next layer
-            token = want.argmax(-1, keepdim=True)
-            eager.input_ids.copy_(token)
-            run.input_ids.copy_(token)
+    # each gate/up column block's count back to 0 for the next layer
+    decode_like_eager(eager, run, decoder, 4, lambda: _assert(decoder.swiglu_count.eq(0).all()))
     for ours, theirs in zip(run.cache.layers, eager.cache.layers):  # the new tokens' K/V, appended where eager's are
         assert int(ours.cumulative_length) == int(theirs.cumulative_length) == start + 4
         assert torch.allclose(ours.keys[:, :, : start + 4], theirs.keys[:, :, : start + 4], atol=1e-5)
@@ -70,13 +80,7 @@ def test_each_way_of_keeping_weight_loads_in_flight_computes_eager_logits(loop, 
     monkeypatch.setattr(fused_decode, "MAX_SPLITS", 2)
     eager, run, decoder = fused_and_eager()
     assert decoder.layers[0].qkv.k // decoder.layers[0].qkv.bk // decoder.layers[0].qkv.splits >= 2
-    with torch.inference_mode():
-        for step in range(3):
-            want, got = eager.step(), decoder.step()
-            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
-            token = want.argmax(-1, keepdim=True)
-            eager.input_ids.copy_(token)
-            run.input_ids.copy_(token)
+    decode_like_eager(eager, run, decoder, 3)
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["padding-masked", "padding-repeats-last-head"])
@@ -86,13 +90,7 @@ def test_the_attention_query_tile_padding_never_reaches_the_output(masked, monke
     monkeypatch.setattr(fused_decode, "QUERY_PADDING_MASKED", masked)
     eager, run, decoder = fused_and_eager(*LLAMA)
     assert decoder.heads // decoder.kv_heads < 16  # there is padding
-    with torch.inference_mode():
-        for step in range(2):
-            want, got = eager.step(), decoder.step()
-            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
-            token = want.argmax(-1, keepdim=True)
-            eager.input_ids.copy_(token)
-            run.input_ids.copy_(token)
+    decode_like_eager(eager, run, decoder, 2)
 
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
@@ -115,14 +113,7 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
     valid = 131  # slots the first step's query (at slot 130) attends to
     chunk = math.ceil(math.ceil(valid / splits) / ATTN_BLOCK_N) * ATTN_BLOCK_N
     assert splits > 1 and math.ceil(valid / chunk) == 3  # three chunks hold slots at this position
-    with torch.inference_mode():
-        for step in range(3):
-            want, got = eager.step(), decoder.step()
-            assert torch.allclose(got, want, atol=1e-4, rtol=0), f"step {step}: {(got - want).abs().max()}"
-            assert decoder.chunks_done.eq(0).all()
-            token = want.argmax(-1, keepdim=True)
-            eager.input_ids.copy_(token)
-            run.input_ids.copy_(token)
+    decode_like_eager(eager, run, decoder, 3, lambda: _assert(decoder.chunks_done.eq(0).all()))
     for ours, theirs in zip(run.cache.layers, eager.cache.layers):
         assert torch.allclose(ours.keys[:, :, :133], theirs.keys[:, :, :133], atol=1e-5)
         assert torch.allclose(ours.values[:, :, :133], theirs.values[:, :, :133], atol=1e-5)
