@@ -32,7 +32,7 @@ def time_product(n: int, k: int, rows: int, bn: int, bk: int, splits: int, warps
     padded = max(16, triton.next_power_of_2(rows)) if dot else triton.next_power_of_2(rows)
 
     def launch():
-        fd._matvec[product.grid](x, x.stride(0), out, ids, out, product.weight, out, out, out, out, ids, rows, k, n, n,
+        fd._matvec[product.grid](x, x.stride(0), out, ids, out, product.weight, out, out, out, rows, k, n, n,
                                  triton.cdiv(k, splits), product.k_tiles, 1e-6, 0, 0, INPUT=fd.PLAIN, NORM=False,
                                  OUTPUT=fd.PARTIALS, SPLITS=splits, BUMP=False, ROWS=padded, BN=bn, BK=bk, PACKED=True,
                                  DOT=dot, PDL=False, num_warps=warps)

@@ -99,7 +99,8 @@ class FusedConfig:
     prefetch: bool = False
     # RoPE, the K/V append and the merge of attention's chunks inside the attention kernel (one launch a layer
     # instead of three): paired on one H200, 9% faster for Qwen3-0.6B at bs=8 context 16384 and 1% for
-    # Llama-3.2-1B at bs=1, but 7% slower for Qwen3-0.6B at bs=1 context 1024 (docs/benchmarks.md)
+    # Llama-3.2-1B at bs=1, but 7% slower for Qwen3-0.6B at bs=1 context 1024, all with the merge then fixed at 16
+    # chunks a load (sized by the context since, which took 5.6% off that last case; not re-paired; docs/benchmarks.md)
     fold_attention: bool = True
 
 
