@@ -7,7 +7,6 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
-    python benchmarks/fused_prefetch.py --set swiglu model=...      # gate/up's K split or not
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
     python benchmarks/fused_prefetch.py --set padding model=...     # the attention's padding query rows
     python benchmarks/fused_prefetch.py --set before model=...      # eight warps and the folded attention, or not
@@ -57,17 +56,8 @@ MERGE_VARIANTS = [("sized by the context (the default)", [], {})] + [
 # `--set loop`: how a product's loop keeps its weight loads in flight
 LOOP_VARIANTS = [
     ("the next tile in registers (the default)", [], {}),
-    ("the next two tiles in registers", [], dict(WEIGHT_TILES_AHEAD=2)),
     ("Triton's pipeliner, 3 stages", [], dict(PIPELINE_STAGES=3)),
     ("Triton's pipeliner, 4 stages", [], dict(PIPELINE_STAGES=4)),
-    ("the next two tiles in registers, 8 MiB first to L2", ["fused.prefetch=true"],
-     dict(WEIGHT_TILES_AHEAD=2, ROLLING_PREFETCH=False)),
-]
-# `--set swiglu`: gate/up's K split (the last split of a column block adds the sums before SiLU) or not
-SWIGLU_VARIANTS = [
-    ("gate/up never split (the default)", [], {}),
-    ("gate/up split to a program per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=1)),
-    ("gate/up split to 4 programs per SM", [], dict(SWIGLU_PROGRAMS_PER_SM=4)),
 ]
 # `--set chunks`: how many programs the attention's chunks aim at (fewer: longer chunks, fewer queries and merges)
 CHUNK_VARIANTS = [(f"attention chunks for {n} programs{' (the default)' if n == fused_decode.ATTENTION_PROGRAMS else ''}",
@@ -83,11 +73,11 @@ BEFORE_VARIANTS = [
     ("four warps, three attention launches", ["fused.fold_attention=false"], dict(tile_sizes=tiles(64, 128, 4))),
 ]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
-        "swiglu": SWIGLU_VARIANTS, "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS}
+        "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
-    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "WEIGHT_TILES_AHEAD", "PIPELINE_STAGES",
-    "SWIGLU_PROGRAMS_PER_SM", "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED")}
+    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
+    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -55,27 +55,21 @@ def _assert(condition) -> None:
                                      FusedOptions(pdl=False, fold_attention=False)],
                          ids=["split-packed", "plain", "attention-unfolded"])
 def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options, monkeypatch):
-    monkeypatch.setattr(fused_decode, "SWIGLU_PROGRAMS_PER_SM", 1)  # gate/up split too (not by default on a GPU)
     eager, run, decoder = fused_and_eager(*family, options=options)
     assert eager.model.config.model_type == ("llama" if family else "qwen3")
-    splits = {decoder.layers[0].down.splits, decoder.layers[0].gate_up.splits}  # gate/up: summed before SiLU
-    assert min(splits) > 1 if options.split_k else splits == {1}
+    assert decoder.layers[0].down.splits > 1 if options.split_k else decoder.layers[0].down.splits == 1
     start = eager.context_len
-    # each gate/up column block's count back to 0 for the next layer
-    decode_like_eager(eager, run, decoder, 4, lambda: _assert(decoder.swiglu_count.eq(0).all()))
+    decode_like_eager(eager, run, decoder, 4)
     for ours, theirs in zip(run.cache.layers, eager.cache.layers):  # the new tokens' K/V, appended where eager's are
         assert int(ours.cumulative_length) == int(theirs.cumulative_length) == start + 4
         assert torch.allclose(ours.keys[:, :, : start + 4], theirs.keys[:, :, : start + 4], atol=1e-5)
         assert torch.allclose(ours.values[:, :, : start + 4], theirs.values[:, :, : start + 4], atol=1e-5)
 
 
-@pytest.mark.parametrize("loop", [dict(WEIGHT_TILES_AHEAD=2), dict(PIPELINE_STAGES=3)],
-                         ids=["two-tiles-ahead", "pipelined"])
-def test_each_way_of_keeping_weight_loads_in_flight_computes_eager_logits(loop, monkeypatch):
-    """The products' other loops (two tiles in registers ahead; Triton's pipeliner after the first tile), over
-    splits of several tiles each: the same logits as eager's, step after step."""
-    for name, value in loop.items():
-        monkeypatch.setattr(fused_decode, name, value)
+def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
+    """The products' other loop (Triton's pipeliner after the first tile), over splits of several tiles each: the
+    same logits as eager's, step after step."""
+    monkeypatch.setattr(fused_decode, "PIPELINE_STAGES", 3)
     monkeypatch.setattr(fused_decode, "INTERPRETED_BK", 16)  # tiny's hidden 64: 4 tiles of K, 2 a split
     monkeypatch.setattr(fused_decode, "MAX_SPLITS", 2)
     eager, run, decoder = fused_and_eager()
@@ -270,12 +264,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from harness.kernels.fused_decode import _attention, _matvec, _rope_append
 
-ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64",
-            Scratch="*fp32", Count="*i32")
+ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
-names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "AHEAD",
-         "STAGES"]
+names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "STAGES"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
@@ -283,13 +275,11 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=False),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
     dict(INPUT=0, NORM=True, OUTPUT=3, SPLITS=2, BUMP=False, PACKED=True, X="*fp32", W="*fp32", Gain="*fp32"),  # dtype=fp32
-    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", AHEAD=2),
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, X="*bf16", STAGES=3),
-    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=4, BUMP=False, PACKED=True, X="*fp32", Out="*bf16"),  # gate/up split
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
-    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, AHEAD=1, STAGES=0),
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
     # as Triton's JIT specialises them on the GPU: pointers and the sizes that are multiples of 16 marked so
     aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name in (
@@ -304,10 +294,6 @@ for product in products:
     print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
           and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
-    # gate/up split: its partials stored by every thread (a barrier) before the count, the sums read from L2 after
-    count = ptx.find("atom.global.gpu.acq_rel.add")
-    print("splits", (count > -1) == (consts["OUTPUT"] == 1 and consts["SPLITS"] > 1) and (
-        count == -1 or ("ld.global.cg" in ptx[count:] and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count))))
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
            Keys="*bf16", Values="*bf16", Acc="*fp32", M="*fp32", L="*fp32", Count="*i32", Out="*bf16",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
@@ -340,4 +326,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True", "order", "True", "splits", "True"] * 8 + ["attention", "True", "rope_append", "True"]
+    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 6 + ["attention", "True", "rope_append", "True"]

@@ -13,8 +13,7 @@ Per layer, in launch order:
    three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`.)
 3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
-   that each column block finishes SiLU(gate)·up (and 1/rms) for its columns; where K is split, the split of a
-   block that finishes last adds the others' partial sums first (counted as the attention's chunks are).
+   that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
 5. `_matvec` (down): added to the residual stream in place.
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
@@ -60,15 +59,11 @@ L2_PREFETCH_BYTES = 8 << 20
 # ... and then, each iteration of a product's loop asks L2 for the tile that many bytes ahead of the one it loads: a
 # window of prefetches in flight per program, where registers hold only the next tile
 ROLLING_PREFETCH = True
-# How a product's loop keeps weight loads in flight: the next WEIGHT_TILES_AHEAD tiles in registers (1 or 2; the
-# first ones loaded before the PDL wait), or, where PIPELINE_STAGES > 0, Triton's software pipeliner with that many
-# stages through shared memory after the first tile
-WEIGHT_TILES_AHEAD = 1
+# A product's loop holds the next weight tile in registers; where PIPELINE_STAGES > 0 it hands the loads after the
+# first tile to Triton's software pipeliner instead (that many stages through shared memory). Off: 3 stages took 2.3%
+# off Llama-3.2-1B's step but added 9% to Qwen3-0.6B's and 4 stages 10% to Qwen3-8B's, paired on one H200
+# (docs/benchmarks.md, "how deep a product's loop keeps its weight loads")
 PIPELINE_STAGES = 0
-# gate/up's K is split (SiLU after the last split's sum) until its programs reach this many per SM; 0: never split.
-# Never: paired on one H200 (docs/benchmarks.md, "gate/up split over K"), against no split, splitting Qwen3-0.6B's 96
-# column blocks in two cost 1.0% of the step at context 1024, in eight 6.3%; Llama-3.2-1B's 256 in four 8.0%
-SWIGLU_PROGRAMS_PER_SM = 0
 # How many chunks the folded attention's last program merges a load, chosen when the step is planned from the chunks a
 # KV head has at the longest prefix the run decodes to (merge_block): up to SERIAL_MERGE_MAX_CHUNKS, one a load (the
 # merge's code is then smallest, and every program of the kernel, merging or not, pays for its registers); beyond,
@@ -166,51 +161,41 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
 
 
 @triton.jit
-def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Scratch, Count, rows, k_total, n_total, out_cols,
-            k_per_split, k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr,
-            OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-            PREFETCH: tl.constexpr = False, AHEAD: tl.constexpr = 1, STAGES: tl.constexpr = 0):
+def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
+            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
+            SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
+            STAGES: tl.constexpr = 0):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
     if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
-    # weights: the first AHEAD tiles before the wait (they do not depend on the kernel before)
-    w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
-    w1 = w
-    if AHEAD == 2:
-        w1 = _weight_tile(W, pid_n, k_start + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
+    w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
-    acc, squares = _weight_loop(w, w1, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
-                                pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, AHEAD, STAGES)
+    acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
+                                pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES)
     if DOT:
         acc = tl.trans(acc)
     # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
     # next kernel's programs waited beside this one's and the step took 43% longer; docs/benchmarks.md)
     _pdl_start(PDL)
-    if OUTPUT == 1 and SPLITS > 1:  # SiLU needs whole sums: the split of this column block finishing last adds them
-        acc, squares, last = _splits_summed(acc, squares, Scratch, Count, rows, pid_n, pid_k, SPLITS, ROWS, BN)
-        if last:
-            _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
-                   SPLITS, ROWS, BN)
-    else:
-        _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT,
-               SPLITS, ROWS, BN)
+    _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
+           ROWS, BN)
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
         if pid_n + pid_k == 0:
             tl.store(Bump, tl.load(Bump) + 1)
 
 
 @triton.jit
-def _weight_loop(w, w1, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles, pid_n,
+def _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles, pid_n,
                  prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr,
-                 AHEAD: tl.constexpr, STAGES: tl.constexpr):
-    """The product over the split's K, from its first tile `w` (and `w1`, the second, where AHEAD is 2), loaded
-    before the PDL wait: the sums [BN, ROWS] (tensor cores: the weight tile is the MMA's left operand, its columns
-    fill the MMA's M, which a handful of batch rows could not) or [ROWS, BN], and the input's squares [ROWS]."""
+                 STAGES: tl.constexpr):
+    """The product over the split's K, from its first tile `w`, loaded before the PDL wait: the sums [BN, ROWS]
+    (tensor cores: the weight tile is the MMA's left operand, its columns fill the MMA's M, which a handful of batch
+    rows could not) or [ROWS, BN], and the input's squares [ROWS]."""
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     if STAGES > 0:  # the first tile from registers, then Triton's pipeliner: STAGES tiles in flight through smem
@@ -220,17 +205,14 @@ def _weight_loop(w, w1, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_
             w = _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
             x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
             acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
-    else:  # registers hold the next AHEAD tiles: each is loaded AHEAD iterations before it is used
+    else:  # the next tile is loaded before this one is used
         for k0 in range(k_start, k_end, BK):
             if PREFETCH:
                 _prefetch_tile_ahead(W, pid_n, k0 + prefetch_ahead, k_end, k_tiles, prefetch_ahead > 0, BN, BK)
-            w_next = _weight_tile(W, pid_n, k0 + AHEAD * BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
+            w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
             x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
             acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
-            if AHEAD == 2:
-                w, w1 = w1, w_next
-            else:
-                w = w_next
+            w = w_next
     return acc, squares
 
 
@@ -245,30 +227,6 @@ def _multiply_add(acc, w, x, DOT: tl.constexpr):
     else:
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
     return acc
-
-
-@triton.jit
-def _splits_summed(acc, squares, Scratch, Count, rows, pid_n, pid_k, SPLITS: tl.constexpr, ROWS: tl.constexpr,
-                   BN: tl.constexpr):
-    """A K split's partial product [ROWS, BN] and squares [ROWS] into Scratch, counted per column block (as the
-    folded attention counts its chunks: a barrier, then an atomic released and acquired at the GPU's scope); the
-    split counted last gets every split's sums back (from L2, ".cg") and `last`, and sets the count back to 0."""
-    r, c = tl.arange(0, ROWS), tl.arange(0, BN)
-    live = r < rows
-    first = pid_n * SPLITS  # this column block's SPLITS slots: [blocks, SPLITS, ROWS, BN], then the squares after
-    squares_at = Scratch + tl.num_programs(0) * SPLITS * ROWS * BN + first * ROWS
-    tl.store(Scratch + ((first + pid_k) * ROWS + r[:, None]) * BN + c[None, :], acc, mask=live[:, None])
-    tl.store(squares_at + pid_k * ROWS + r, squares, mask=live)
-    tl.debug_barrier()
-    last = tl.atomic_add(Count + pid_n, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
-    if last:
-        acc, squares = tl.zeros([ROWS, BN], tl.float32), tl.zeros([ROWS], tl.float32)
-        for s in tl.static_range(SPLITS):
-            acc += tl.load(Scratch + ((first + s) * ROWS + r[:, None]) * BN + c[None, :], mask=live[:, None],
-                           other=0.0, cache_modifier=".cg")
-            squares += tl.load(squares_at + s * ROWS + r, mask=live, other=0.0, cache_modifier=".cg")
-        tl.store(Count + pid_n, 0)
-    return acc, squares, last
 
 
 @triton.jit
@@ -529,9 +487,9 @@ def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor
 def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]:
     """(BN, K splits): 64 columns a block, split where the blocks are too few (split_count); and where even the splits
     leave SMs without a program (a 1024-wide model's O and down projections), narrower blocks, down to the MMA's 16.
-    (Not gate/up, whose blocks hold gate and up in pairs: Qwen3-0.6B's in 32-column blocks, 192 programs, took 13.2 µs
-    against 11.1 in 64-column blocks, 96 programs, on the H200; docs/benchmarks.md. It splits K instead:
-    swiglu_splits.)"""
+    (Not gate/up, which cannot split: Qwen3-0.6B's in 32-column blocks, 192 programs, took 13.2 µs against 11.1 in
+    64-column blocks, 96 programs, on the H200; docs/benchmarks.md. Split over K, the last split of a block adding
+    the others' sums before SiLU, it was 1-8% slower, paired, and was taken out.)"""
     bn = tile_sizes(n, k)[0]
     splits = split_count(n, k, bn, bk, split_k)
     while not interpreted() and bn > 16 and triton.cdiv(n, bn) * splits < SMS:
@@ -562,25 +520,13 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool) -> Produ
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions) -> Product:
-    """gate and up as one product whose every BN columns are half gate, half up; K split (SWIGLU_PROGRAMS_PER_SM),
-    the last split of a column block adding the others' sums before SiLU."""
+    """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
     k = gate.shape[1]
     bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
-    splits = swiglu_splits(n, k, bn, bk, options.split_k)
-    return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, splits, not interpreted(),
-                   options.packed, warps, prefetch_bytes(n, k, bn, bk, splits, paired.element_size(), options))
-
-
-def swiglu_splits(n: int, k: int, bn: int, bk: int, allowed: bool) -> int:
-    """gate/up's K splits: a power of two that brings its programs to SWIGLU_PROGRAMS_PER_SM per SM, whole tiles a
-    split, at most MAX_SPLITS; 1 where its column blocks alone reach that (or SWIGLU_PROGRAMS_PER_SM is 0)."""
-    blocks, splits = triton.cdiv(n, bn), 1
-    while (allowed and splits < MAX_SPLITS and blocks * splits < SWIGLU_PROGRAMS_PER_SM * SMS
-           and k % (2 * splits * bk) == 0):
-        splits *= 2
-    return splits
+    return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
+                   options.packed, warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), options))
 
 
 @dataclass
@@ -647,12 +593,6 @@ class FusedDecoder:
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
         self.chunks_done = torch.zeros(rows, self.kv_heads, device=like.device, dtype=torch.int32)
-        # gate/up's split partial sums and squares ([blocks, splits, ROWS, BN], then [blocks, splits, ROWS]) and the
-        # splits of each column block done (the last adds them up and sets it back to 0)
-        gate_up, padded = first.gate_up, max(16, triton.next_power_of_2(rows))
-        blocks, split = gate_up.grid[0], gate_up.splits > 1  # (unsplit, the kernel never touches them)
-        self.swiglu_scratch = torch.zeros(blocks * gate_up.splits * padded * (gate_up.bn + 1) if split else 1, **f32)
-        self.swiglu_count = torch.zeros(blocks if split else 1, device=like.device, dtype=torch.int32)
 
     def kernels_per_step(self) -> int:
         return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
@@ -682,12 +622,12 @@ class FusedDecoder:
         rows = triton.next_power_of_2(self.rows)
         _matvec[product.grid](
             x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
-            self.squares, out if bump is None else bump, self.swiglu_scratch, self.swiglu_count, self.rows, product.k,
-            product.n, out.shape[1], triton.cdiv(product.k, product.splits), product.k_tiles, self.eps,
+            self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
+            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps,
             product.prefetch_bytes, product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output,
             SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows,
             BN=product.bn, BK=product.bk, PACKED=product.packed, DOT=product.dot,
-            PREFETCH=product.prefetch_bytes > 0, AHEAD=WEIGHT_TILES_AHEAD, STAGES=PIPELINE_STAGES,
+            PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES,
             num_warps=product.warps, **self._launch())
 
     def _launch(self) -> dict:
