@@ -10,6 +10,9 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
     python benchmarks/fused_prefetch.py --set padding model=...     # the attention's padding query rows
     python benchmarks/fused_prefetch.py --set before model=...      # eight warps and the folded attention, or not
+    python benchmarks/fused_prefetch.py --set kv model=...          # the attention's K/V asked of L2 early, the
+                                                                    # group's heads merged together
+    python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -72,12 +75,31 @@ BEFORE_VARIANTS = [
     ("eight warps, three attention launches", ["fused.fold_attention=false"], {}),
     ("four warps, three attention launches", ["fused.fold_attention=false"], dict(tile_sizes=tiles(64, 128, 4))),
 ]
+# `--set kv`: the folded attention's chunk of K/V asked of L2 before its queries are computed, and the last chunk's
+# merge of the group's heads in straight-line code (all their loads before any store)
+KV_VARIANTS = [
+    ("as committed", [], {}),
+    ("K/V asked of L2 first", [], dict(KV_PREFETCH=True)),
+    ("heads merged together", [], dict(MERGE_HEADS_TOGETHER=True)),
+    ("both", [], dict(KV_PREFETCH=True, MERGE_HEADS_TOGETHER=True)),
+    ("both, chunks for 64 programs", [], dict(KV_PREFETCH=True, MERGE_HEADS_TOGETHER=True, ATTENTION_PROGRAMS=64)),
+]
+# `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps)
+PRODUCT_VARIANTS = [
+    ("4 programs an SM (the default)", [], {}),
+    ("2 programs an SM", [], dict(PROGRAMS_PER_SM=2)),
+    ("8 programs an SM, up to 16 splits", [], dict(PROGRAMS_PER_SM=8, MAX_SPLITS=16)),
+    ("64 x 256 tiles on 8 warps", [], dict(tile_sizes=tiles(64, 256, 8))),
+    ("128 x 128 tiles on 8 warps", [], dict(tile_sizes=tiles(128, 128, 8))),
+]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
-        "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS}
+        "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
+        "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
-    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED")}
+    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
+    "MAX_SPLITS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

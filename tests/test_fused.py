@@ -88,15 +88,18 @@ def test_the_attention_query_tile_padding_never_reaches_the_output(masked, monke
 
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("serial_max, longest, merge_block", [(4, None, 1), (2, None, 4), (1, 70, 2)],
-                         ids=["one-a-load", "all-in-one-load", "two-loads"])
+@pytest.mark.parametrize("serial_max, longest, merge_block, together", [
+    (4, None, 1, False), (2, None, 4, False), (1, 70, 2, False), (4, None, 1, True)],
+    ids=["one-a-load", "all-in-one-load", "two-loads", "heads-together"])
 def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, serial_max, longest, merge_block,
-                                                                      monkeypatch):
+                                                                      together, monkeypatch):
     """Past one chunk of the valid prefix each KV head's chunks run as programs of their own, and the last to finish
     merges them (one at a time, all in one load, or, where the prefix outgrows what the merge was sized for, in two
-    loads): the step still computes eager's logits and cache, and every count is back to 0 for the next layer (a
-    count left over would make the next layer's merge wait for a chunk that never comes, or merge early)."""
+    loads; or every head of the group at once, each head's chunks in one load): the step still computes eager's
+    logits and cache, and every count is back to 0 for the next layer (a count left over would make the next layer's
+    merge wait for a chunk that never comes, or merge early)."""
     monkeypatch.setattr(fused_decode, "SERIAL_MERGE_MAX_CHUNKS", serial_max)
+    monkeypatch.setattr(fused_decode, "MERGE_HEADS_TOGETHER", together)
     cfg = run_config(*FUSED, *family, "context_len=130", "cache_len=256")
     model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
     prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
@@ -299,16 +302,19 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
                             "o_row"], "i32"), eps="fp32", scale="fp32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
-                            "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD"], "constexpr"))
-consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
-              ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True)
-ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-# the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at the
-# GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
-count = ptx.find("atom.global.gpu.acq_rel.add")
-print("attention", "griddepcontrol.wait" in ptx and count > -1 and "ld.global.cg" in ptx[count:]
-      and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
-      and "mma" in ptx)
+                            "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
+                            "TOGETHER"], "constexpr"))
+for variant in (dict(KV_PREFETCH=False, TOGETHER=False), dict(KV_PREFETCH=True, TOGETHER=True)):
+    consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
+                  ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
+    ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    # the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at
+    # the GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
+    count, prefetch = ptx.find("atom.global.gpu.acq_rel.add"), ptx.find("cp.async.bulk.prefetch.L2")
+    print("attention", "griddepcontrol.wait" in ptx and count > -1 and "ld.global.cg" in ptx[count:]
+          and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
+          and "mma" in ptx and (prefetch != -1) == variant["KV_PREFETCH"]  # K/V asked of L2 before the first product
+          and prefetch < ptx.find("mma"))
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
            Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
            **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
@@ -326,4 +332,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 6 + ["attention", "True", "rope_append", "True"]
+    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 6 + ["attention", "True"] * 2 + ["rope_append", "True"]

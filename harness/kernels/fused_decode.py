@@ -81,6 +81,12 @@ ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums. Masked took 1.5% off
 # Qwen3-0.6B's step at context 1024 and 1.3% off Qwen3-8B's, paired on one H200 (docs/benchmarks.md)
 QUERY_PADDING_MASKED = True
+# The folded attention asks L2 for its chunk's K and V (contiguous slots of one KV head: one bulk prefetch each) before
+# it computes its queries, so that the chunk's loads, which wait for the queries, find them there
+KV_PREFETCH = False
+# The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
+# loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another
+MERGE_HEADS_TOGETHER = False
 
 
 @dataclass(frozen=True)
@@ -347,7 +353,7 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
                SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr,
-               MASK_PAD: tl.constexpr = True):
+               MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr = False, TOGETHER: tl.constexpr = False):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
     the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
@@ -357,6 +363,11 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
     pos = tl.load(Pos)
     start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
+        if KV_PREFETCH:  # the chunk's slots are contiguous (k_slot, v_slot == D): one request each, not waited for
+            _prefetch_to_l2(Keys, row * k_row + kv_head * k_head + start * k_slot,
+                            (end - start) * k_slot * (Keys.dtype.element_ty.primitive_bitwidth // 8))
+            _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
+                            (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
         inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
         group, g = HEADS // KV_HEADS, tl.arange(0, GROUP_PAD)
         if MASK_PAD:  # the MMA's padding rows load nothing (zero queries, never stored)
@@ -372,13 +383,13 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
         acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
                                       v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
-                D, SPLITS, MERGE_BLOCK)
+                D, SPLITS, MERGE_BLOCK, TOGETHER)
 
 
 @triton.jit
 def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS: tl.constexpr,
             KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-            MERGE_BLOCK: tl.constexpr):
+            MERGE_BLOCK: tl.constexpr, TOGETHER: tl.constexpr = False):
     """A chunk's partial softmax to the output: normalised where it is the only chunk; else stored, counted, and
     the last chunk of the KV head to be counted merges them all (then zeroes the count for the next layer)."""
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
@@ -393,12 +404,33 @@ def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, ch
         tl.store(L + at, l_i, mask=real)
         tl.debug_barrier()  # every thread's partials written before the count (released at the GPU's scope) says so
         counted = tl.atomic_add(Count + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
-        if counted == chunks - 1:  # the last: each head's chunks from L2 (".cg": other SMs wrote them)
-            for h in tl.static_range(HEADS // KV_HEADS):
-                head = kv_head * (HEADS // KV_HEADS) + h
-                out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, chunks, D, MERGE_BLOCK, ".cg")
-                tl.store(Out + row * o_row + head * D + d, out.to(Out.dtype.element_ty))
+        if counted == chunks - 1:  # the last: the chunks from L2 (".cg": other SMs wrote them)
+            if TOGETHER:  # SPLITS chunks fit one load: every head's at once
+                _merge_group(Acc, M, L, out_at, row, kv_head, chunks, HEADS, KV_HEADS, GROUP_PAD, D, SPLITS)
+            else:  # one head after another, MERGE_BLOCK chunks a load
+                for h in tl.static_range(HEADS // KV_HEADS):
+                    head = kv_head * (HEADS // KV_HEADS) + h
+                    out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, chunks, D, MERGE_BLOCK, ".cg")
+                    tl.store(Out + row * o_row + head * D + d, out.to(Out.dtype.element_ty))
             tl.store(Count + row * KV_HEADS + kv_head, 0)
+
+
+@triton.jit
+def _merge_group(Acc, M, L, out_at, row, kv_head, chunks, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                 GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    """The group's heads from their first `chunks` chunks (SPLITS at most), straight-line code: each head's chunks in
+    one load from L2, and one store of all heads after every load, so that the heads' loads can be in flight
+    together (merge_head's loop and a store after each head keep them one after another)."""
+    c, d, g = tl.arange(0, SPLITS), tl.arange(0, D), tl.arange(0, GROUP_PAD)
+    live, outs = c < chunks, tl.zeros([GROUP_PAD, D], tl.float32)
+    for h in tl.static_range(HEADS // KV_HEADS):
+        base = (row * HEADS + kv_head * (HEADS // KV_HEADS) + h) * SPLITS
+        m = tl.load(M + base + c, mask=live, other=float("-inf"), cache_modifier=".cg")
+        weight = tl.where(live, tl.exp(m - tl.max(m, 0)), 0.0)
+        total = tl.sum(weight * tl.load(L + base + c, mask=live, other=0.0, cache_modifier=".cg"), 0)
+        acc = tl.load(Acc + (base + c)[:, None] * D + d[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
+        outs = tl.where((g == h)[:, None], (tl.sum(weight[:, None] * acc, 0) / total)[None, :], outs)
+    tl.store(out_at, outs.to(out_at.dtype.element_ty), mask=(g < HEADS // KV_HEADS)[:, None])
 
 
 @dataclass(frozen=True)
@@ -655,7 +687,13 @@ class FusedDecoder:
             self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
-            MASK_PAD=QUERY_PADDING_MASKED, **self._launch())
+            MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
+            TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, **self._launch())
+
+    def _kv_prefetch(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """KV_PREFETCH where it applies: a GPU (the bulk prefetch is inline PTX) and each KV head's slots contiguous."""
+        return KV_PREFETCH and not interpreted() and all(
+            t.stride(3) == 1 and t.stride(2) == self.head_dim for t in (keys, values))
 
     def _attend(self, kv, position: torch.Tensor) -> None:
         """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""
