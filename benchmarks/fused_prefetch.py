@@ -13,6 +13,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set kv model=...          # the attention's K/V asked of L2 early, the
                                                                     # group's heads merged together
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
+    python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -92,14 +93,25 @@ PRODUCT_VARIANTS = [
     ("64 x 256 tiles on 8 warps", [], dict(tile_sizes=tiles(64, 256, 8))),
     ("128 x 128 tiles on 8 warps", [], dict(tile_sizes=tiles(128, 128, 8))),
 ]
+# `--set splits`: fewer K splits (programs an SM), more splits of wide blocks where blocks would narrow, and the two
+# with the attention's K/V asked of L2 early
+SPLIT_VARIANTS = [
+    ("as committed", [], {}),
+    ("2 programs an SM", [], dict(PROGRAMS_PER_SM=2)),
+    ("1 program an SM", [], dict(PROGRAMS_PER_SM=1)),
+    ("16 splits before narrower blocks", [], dict(WIDE_MAX_SPLITS=16)),
+    ("2 an SM, 16 splits before narrower blocks, K/V asked of L2", [],
+     dict(PROGRAMS_PER_SM=2, WIDE_MAX_SPLITS=16, KV_PREFETCH=True)),
+]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
-        "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS}
+        "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS,
+        "splits": SPLIT_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
-    "MAX_SPLITS")}
+    "MAX_SPLITS", "WIDE_MAX_SPLITS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

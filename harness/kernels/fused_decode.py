@@ -51,6 +51,9 @@ SMS = 132  # an H200's (and H100's) streaming multiprocessors
 # splits, 4.4 TB/s with 8, docs/benchmarks.md)
 PROGRAMS_PER_SM = 4
 MAX_SPLITS = 8
+# Where even MAX_SPLITS leave SMs without a program, a product splits K up to this many ways (whole tiles a split)
+# before its column blocks narrow
+WIDE_MAX_SPLITS = MAX_SPLITS
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
 # Bytes of weights a product's programs ask L2 for before their PDL wait, all programs together: the first tiles of
 # each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2: on four warps 4
@@ -489,11 +492,11 @@ def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
     return 64, min(128, triton.next_power_of_2(k)), 8
 
 
-def split_count(n: int, k: int, bn: int, bk: int, allowed: bool) -> int:
+def split_count(n: int, k: int, bn: int, bk: int, allowed: bool, most: int | None = None) -> int:
     """K splits where the column blocks alone are too few: a power of two that brings the programs to at least
-    PROGRAMS_PER_SM per SM and leaves whole tiles per split."""
-    blocks, splits = triton.cdiv(n, bn), 1
-    while allowed and splits < MAX_SPLITS and blocks * splits < PROGRAMS_PER_SM * SMS and k % (2 * splits * bk) == 0:
+    PROGRAMS_PER_SM per SM and leaves whole tiles per split, `most` (MAX_SPLITS) at most."""
+    blocks, splits, most = triton.cdiv(n, bn), 1, most or MAX_SPLITS
+    while allowed and splits < most and blocks * splits < PROGRAMS_PER_SM * SMS and k % (2 * splits * bk) == 0:
         splits *= 2
     return splits
 
@@ -524,6 +527,8 @@ def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]
     the others' sums before SiLU, it was 1-8% slower, paired, and was taken out.)"""
     bn = tile_sizes(n, k)[0]
     splits = split_count(n, k, bn, bk, split_k)
+    if not interpreted() and triton.cdiv(n, bn) * splits < SMS:  # more splits first, where K has the tiles
+        splits = split_count(n, k, bn, bk, split_k, WIDE_MAX_SPLITS)
     while not interpreted() and bn > 16 and triton.cdiv(n, bn) * splits < SMS:
         bn //= 2
         splits = split_count(n, k, bn, bk, split_k)
