@@ -14,6 +14,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                                                                     # group's heads merged together
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
+    python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -103,10 +104,19 @@ SPLIT_VARIANTS = [
     ("2 an SM, 16 splits before narrower blocks, K/V asked of L2", [],
      dict(PROGRAMS_PER_SM=2, WIDE_MAX_SPLITS=16, KV_PREFETCH=True)),
 ]
+# `--set gateup`: an 8B model's gate/up (hidden 4096, the only product 2 x 12288 or 2 x 14336 wide) in column blocks
+# of 32 (twice the programs) or 128 (half), the other products as they are
+def gate_up_blocks(bn: int):
+    default = fused_decode.tile_sizes
+    return lambda n, k: (bn, *default(n, k)[1:]) if n in (2 * 12288, 2 * 14336) else default(n, k)
+
+
+GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
+    (f"gate/up in {bn}-column blocks", [], dict(tile_sizes=gate_up_blocks(bn))) for bn in (32, 128)]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS,
-        "splits": SPLIT_VARIANTS}
+        "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
