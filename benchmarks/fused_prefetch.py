@@ -15,6 +15,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
+    python benchmarks/fused_prefetch.py --set grid model=...        # the attention's chunks sized by the prefix
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -113,15 +114,19 @@ def gate_up_blocks(bn: int):
 
 GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
     (f"gate/up in {bn}-column blocks", [], dict(tile_sizes=gate_up_blocks(bn))) for bn in (32, 128)]
+# `--set grid`: the attention's chunks a KV head sized by the capacity (the default) or by the longest prefix
+GRID_VARIANTS = [("chunks for the cache's capacity (the default)", [], {}),
+                 ("chunks for the longest prefix", [], dict(CHUNKS_BY_PREFIX=True)),
+                 ("chunks for the longest prefix, K/V asked of L2", [], dict(CHUNKS_BY_PREFIX=True, KV_PREFETCH=True))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS,
-        "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS}
+        "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS, "grid": GRID_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
-    "MAX_SPLITS", "WIDE_MAX_SPLITS")}
+    "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -90,6 +90,10 @@ KV_PREFETCH = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
 # loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another
 MERGE_HEADS_TOGETHER = False
+# The attention's grid: chunks a KV head for the longest prefix the run decodes to, not for the cache's capacity (the
+# same chunks while the prefix stays within it, and no programs launched only to exit; a longer prefix still computes
+# right, in longer chunks)
+CHUNKS_BY_PREFIX = False
 
 
 @dataclass(frozen=True)
@@ -602,9 +606,10 @@ class FusedDecoder:
             self.final_norm = model.model.norm.weight
             self.lm_head = plan(model.lm_head.weight, options, splittable=False)
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
-        self._buffers(cache.layers[0].keys)
         capacity = cache.layers[0].max_cache_len
-        self.merge_block = merge_block(min(longest_prefix or capacity, capacity), self.attn_acc.shape[2])
+        self.longest_prefix = min(longest_prefix or capacity, capacity)
+        self._buffers(cache.layers[0].keys)
+        self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
 
     def _layer(self, layer) -> Layer:
         attn, mlp, opts = layer.self_attn, layer.mlp, self.options
@@ -625,7 +630,8 @@ class FusedDecoder:
         self.attn_out = torch.zeros(rows, self.heads * self.head_dim, device=like.device, dtype=like.dtype)
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
-        splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
+        slots = self.longest_prefix if CHUNKS_BY_PREFIX else self.cache.layers[0].max_cache_len
+        splits = splits_for(rows, self.kv_heads, slots, ATTENTION_PROGRAMS)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
