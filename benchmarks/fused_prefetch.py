@@ -95,15 +95,14 @@ PRODUCT_VARIANTS = [
     ("64 x 256 tiles on 8 warps", [], dict(tile_sizes=tiles(64, 256, 8))),
     ("128 x 128 tiles on 8 warps", [], dict(tile_sizes=tiles(128, 128, 8))),
 ]
-# `--set splits`: fewer K splits (programs an SM), more splits of wide blocks where blocks would narrow, and the two
-# with the attention's K/V asked of L2 early
+# `--set splits`: how many ways the products split K (the committed rule against this morning's and one with fewer),
+# and the attention's K/V asked of L2 early or its chunks sized by the longest prefix
 SPLIT_VARIANTS = [
-    ("as committed", [], {}),
-    ("2 programs an SM", [], dict(PROGRAMS_PER_SM=2)),
+    ("as committed: 2 programs an SM, 16 splits before blocks narrow", [], {}),
+    ("before: 4 programs an SM, 8 splits before blocks narrow", [], dict(PROGRAMS_PER_SM=4, WIDE_MAX_SPLITS=8)),
     ("1 program an SM", [], dict(PROGRAMS_PER_SM=1)),
-    ("16 splits before narrower blocks", [], dict(WIDE_MAX_SPLITS=16)),
-    ("2 an SM, 16 splits before narrower blocks, K/V asked of L2", [],
-     dict(PROGRAMS_PER_SM=2, WIDE_MAX_SPLITS=16, KV_PREFETCH=True)),
+    ("K/V asked of L2 first", [], dict(KV_PREFETCH=True)),
+    ("attention chunks for the longest prefix", [], dict(CHUNKS_BY_PREFIX=True)),
 ]
 # `--set gateup`: an 8B model's gate/up (hidden 4096, the only product 2 x 12288 or 2 x 14336 wide) in column blocks
 # of 32 (twice the programs) or 128 (half), the other products as they are

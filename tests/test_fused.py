@@ -228,14 +228,18 @@ def test_k_is_split_only_where_column_blocks_are_too_few():
     assert split_count(n=2048, k=8192, bn=64, bk=128, allowed=True) == 8
     assert split_count(n=2048, k=8192, bn=64, bk=128, allowed=False) == 1
     assert split_count(n=2048 * 64, k=2048, bn=64, bk=128, allowed=True) == 1  # an lm_head's 2048 blocks fill the GPU
-    assert split_count(n=256 * 64, k=2048, bn=64, bk=128, allowed=True) == 4  # 256 blocks x 2 is still under 4 an SM
+    assert split_count(n=96 * 64, k=4096, bn=64, bk=128, allowed=True) == 4  # Qwen3-8B's QKV: 96 x 2 under 2 an SM
+    assert split_count(n=256 * 64, k=2048, bn=64, bk=128, allowed=True) == 2  # 256 blocks x 2: 2 an SM
     assert split_count(n=64, k=256, bn=64, bk=128, allowed=True) == 2  # no split of less than a whole tile
 
 
 def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch):
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan (the interpreter's keeps wide tiles)
     assert fused_decode.blocks_and_splits(n=2048, k=2048, bk=128, split_k=True) == (64, 8)  # Llama-3.2-1B's O: 256
-    assert fused_decode.blocks_and_splits(n=1024, k=2048, bk=128, split_k=True) == (32, 8)  # Qwen3-0.6B's O: 16 x 8 < 132
+    # Qwen3-0.6B's O: 16 blocks x 8 < 132, so 16 splits (K has the tiles) before narrower blocks
+    assert fused_decode.blocks_and_splits(n=1024, k=2048, bk=128, split_k=True) == (64, 16)
+    # its down_proj: K (24 tiles) has no 16 whole-tile splits, so 32-column blocks split 8 ways
+    assert fused_decode.blocks_and_splits(n=1024, k=3072, bk=128, split_k=True) == (32, 8)
     assert fused_decode.blocks_and_splits(n=1024, k=2048, bk=128, split_k=False) == (16, 1)  # unsplit: 64 blocks
     assert fused_decode.blocks_and_splits(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # 256 blocks: enough
 

@@ -48,12 +48,14 @@ PARTIALS, SWIGLU, LOGITS, ADD = 0, 1, 2, 3
 SMS = 132  # an H200's (and H100's) streaming multiprocessors
 # Programs a product aims at, per SM, splitting K where its column blocks are fewer: at bs=1 on the H200 a product
 # with fewer keeps too few loads in flight for HBM (down_proj of Llama-3.2-1B, 64-column blocks: 3.8 TB/s with 4
-# splits, 4.4 TB/s with 8, docs/benchmarks.md)
-PROGRAMS_PER_SM = 4
+# splits, 4.4 TB/s with 8, docs/benchmarks.md); with more, each program's loop is short (Qwen3-8B's QKV, 96 blocks,
+# split 4 ways rather than 8: its step 1.4% faster, paired on one H200; "how many ways a product splits")
+PROGRAMS_PER_SM = 2
 MAX_SPLITS = 8
 # Where even MAX_SPLITS leave SMs without a program, a product splits K up to this many ways (whole tiles a split)
-# before its column blocks narrow
-WIDE_MAX_SPLITS = MAX_SPLITS
+# before its column blocks narrow: Qwen3-0.6B's O in 64-column blocks split 16 ways, not 32-column blocks split 8,
+# took 2.1% off its step at context 1024 (paired, one H200)
+WIDE_MAX_SPLITS = 16
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
 # Bytes of weights a product's programs ask L2 for before their PDL wait, all programs together: the first tiles of
 # each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2: on four warps 4
