@@ -96,14 +96,14 @@ PRODUCT_VARIANTS = [
     ("128 x 128 tiles on 8 warps", [], dict(tile_sizes=tiles(128, 128, 8))),
 ]
 # `--set splits`: how many ways the products split K (the committed rule against this morning's and one with fewer),
-# and the attention's K/V asked of L2 early or its chunks sized by the longest prefix
+# and the attention's K/V asked of L2 early or its chunks sized by the capacity
 SPLIT_VARIANTS = [
     ("as committed: 2 programs an SM, 16 splits before blocks narrow", [], {}),
     ("before: 4 programs an SM, 8 splits before blocks narrow", [], dict(PROGRAMS_PER_SM=4, WIDE_MAX_SPLITS=8)),
     ("1 program an SM", [], dict(PROGRAMS_PER_SM=1)),
     ("K/V asked of L2 first", [], dict(KV_PREFETCH=True)),
-    ("attention chunks for the longest prefix", [], dict(CHUNKS_BY_PREFIX=True)),
-]
+    ("attention chunks for the cache's capacity", [], dict(CHUNKS_BY_PREFIX=False)),
+]  # (lease G2 ran the last the other way round, when the capacity's chunks were the default: "for the longest prefix")
 # `--set gateup`: an 8B model's gate/up (hidden 4096, the only product 2 x 12288 or 2 x 14336 wide) in column blocks
 # of 32 (twice the programs) or 128 (half), the other products as they are
 def gate_up_blocks(bn: int):
@@ -113,10 +113,9 @@ def gate_up_blocks(bn: int):
 
 GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
     (f"gate/up in {bn}-column blocks", [], dict(tile_sizes=gate_up_blocks(bn))) for bn in (32, 128)]
-# `--set grid`: the attention's chunks a KV head sized by the capacity (the default) or by the longest prefix
-GRID_VARIANTS = [("chunks for the cache's capacity (the default)", [], {}),
-                 ("chunks for the longest prefix", [], dict(CHUNKS_BY_PREFIX=True)),
-                 ("chunks for the longest prefix, K/V asked of L2", [], dict(CHUNKS_BY_PREFIX=True, KV_PREFETCH=True))]
+# `--set grid`: the attention's chunks a KV head sized by the longest prefix (the default) or by the capacity
+GRID_VARIANTS = [("chunks for the longest prefix (the default)", [], {}),
+                 ("chunks for the cache's capacity", [], dict(CHUNKS_BY_PREFIX=False))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS,

@@ -100,6 +100,7 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
     merge wait for a chunk that never comes, or merge early)."""
     monkeypatch.setattr(fused_decode, "SERIAL_MERGE_MAX_CHUNKS", serial_max)
     monkeypatch.setattr(fused_decode, "MERGE_HEADS_TOGETHER", together)
+    monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", False)  # the capacity's grid: three chunks past 128 slots
     cfg = run_config(*FUSED, *family, "context_len=130", "cache_len=256")
     model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
     prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))

@@ -87,15 +87,19 @@ ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # Qwen3-0.6B's step at context 1024 and 1.3% off Qwen3-8B's, paired on one H200 (docs/benchmarks.md)
 QUERY_PADDING_MASKED = True
 # The folded attention asks L2 for its chunk's K and V (contiguous slots of one KV head: one bulk prefetch each) before
-# it computes its queries, so that the chunk's loads, which wait for the queries, find them there
+# it computes its queries, so that the chunk's loads, which wait for the queries, find them there. Off: within
+# -0.6% to +0.4% of none on three models, paired on two H200s (docs/benchmarks.md, "how many ways a product splits")
 KV_PREFETCH = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
-# loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another
+# loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another.
+# Off: 2.3-5.9% slower on three models, paired on one H200, even where nothing merges (Llama-3.2-1B at context 32):
+# the kernel's registers, which every program pays for
 MERGE_HEADS_TOGETHER = False
 # The attention's grid: chunks a KV head for the longest prefix the run decodes to, not for the cache's capacity (the
 # same chunks while the prefix stays within it, and no programs launched only to exit; a longer prefix still computes
-# right, in longer chunks)
-CHUNKS_BY_PREFIX = False
+# right, in longer chunks). Llama-3.2-1B at the study's workload (capacity 16384, prefix 32-169: 4 chunks a KV head,
+# not 64) took 1.6% less a step, paired on one H200; the others' grids are the same either way
+CHUNKS_BY_PREFIX = True
 
 
 @dataclass(frozen=True)
