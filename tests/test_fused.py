@@ -361,4 +361,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["matvec", "True", "order", "True"] * 6 + ["attention", "True"] * 2 + ["rope_append", "True"]
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 6 + ["attention", "True"] * 2
+                                   + ["rope_append", "True"])

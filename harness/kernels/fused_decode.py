@@ -593,9 +593,9 @@ class Layer:
 class FusedDecoder:
     """The weights packed, the buffers allocated and one decode step launched: `step()` reads the input ids
     [rows, 1] and the cache position, appends to the cache, writes the logits [rows, vocab] (fp32) and advances
-    every layer's position. `longest_prefix`: the most slots a step will attend to (sizes the attention's merge;
-    any length still computes right); the cache's capacity where not given. `fault`: a test's fault inside the
-    kernels ("fused_rope_off_by_one", "kv_append_lost")."""
+    every layer's position. `longest_prefix`: the most slots a step will attend to (sizes the attention's chunks
+    and merge; any length still computes right); the cache's capacity where not given. `fault`: a test's fault
+    inside the kernels ("fused_rope_off_by_one", "kv_append_lost")."""
 
     def __init__(self, model, cache, input_ids: torch.Tensor, options: FusedOptions, fault: str | None = None,
                  longest_prefix: int | None = None):
