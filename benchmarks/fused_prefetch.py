@@ -16,7 +16,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
     python benchmarks/fused_prefetch.py --set grid model=...        # the attention's chunks sized by the prefix
-    python benchmarks/fused_prefetch.py --set warps model=... bs=32  # four warps from 32 rows, or eight
+    python benchmarks/fused_prefetch.py --set warps model=... bs=32  # four warps at 32 rows, or eight
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
 """
@@ -117,8 +117,10 @@ GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
 # `--set grid`: the attention's chunks a KV head sized by the longest prefix (the default) or by the capacity
 GRID_VARIANTS = [("chunks for the longest prefix (the default)", [], {}),
                  ("chunks for the cache's capacity", [], dict(CHUNKS_BY_PREFIX=False))]
-# `--set warps`: products on four warps from 32 batch rows (the default), or on eight at every batch
-WARP_VARIANTS = [("as committed: four warps from 32 rows", [], {}),
+# `--set warps`: products on four warps from 32 batch rows, or on eight at every batch (lease G4 ran it when four
+# were the rule at 32 rows in every model; now only from hidden size 4096, so the first row is eight on a 1B model)
+WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", [], {}),
+                 ("four warps from 32 rows in every model", [], dict(FEWER_WARPS_FROM_HIDDEN=0)),
                  ("eight warps at every batch", [], dict(FEWER_WARPS_FROM_ROWS=1 << 30))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
@@ -129,7 +131,8 @@ STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
-    "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS")}
+    "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
+    "FEWER_WARPS_FROM_HIDDEN")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -245,12 +245,15 @@ def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch
     assert fused_decode.blocks_and_splits(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # 256 blocks: enough
 
 
-def test_products_take_fewer_warps_from_32_batch_rows(monkeypatch):
+def test_products_take_fewer_warps_from_32_batch_rows_in_a_wide_model(monkeypatch):
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
     weight, options = torch.zeros(256, 128), FusedOptions()
-    assert [fused_decode.plan(weight, options, True, rows).warps for rows in (1, 8, 31, 32, 64)] == [8, 8, 8, 4, 4]
-    gate = torch.zeros(128, 128)
-    assert [fused_decode.plan_swiglu(gate, gate, options, rows).warps for rows in (8, 32)] == [8, 4]
+    warps = [fused_decode.plan(weight, options, True, rows, hidden=4096).warps for rows in (1, 8, 31, 32, 64)]
+    assert warps == [8, 8, 8, 4, 4]
+    assert fused_decode.plan(weight, options, True, 32, hidden=2048).warps == 8  # a 1B model keeps eight
+    narrow, wide = torch.zeros(128, 2048), torch.zeros(128, 4096)  # gate/up's K is the hidden size
+    assert [fused_decode.plan_swiglu(g, g, options, rows).warps for g in (narrow, wide) for rows in (8, 32)] == [
+        8, 8, 8, 4]
 
 
 def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice(monkeypatch):

@@ -57,9 +57,11 @@ MAX_SPLITS = 8
 # took 2.1% off its step at context 1024 (paired, one H200)
 WIDE_MAX_SPLITS = 16
 INTERPRETED_BN, INTERPRETED_BK = 256, 32
-# From this many batch rows a product runs on FEWER_WARPS instead of tile_sizes' eight: at bs=32 Qwen3-8B's step took
-# 6.0% less on four, paired on one H200 (docs/benchmarks.md), where at bs=1 eight save 4-7%
+# From this many batch rows, in a model this wide (hidden size), a product runs on FEWER_WARPS instead of tile_sizes'
+# eight: at bs=32 Qwen3-8B's step took 6.0% less on four, where Qwen3-0.6B's took 7.4% more and Llama-3.2-1B's 3.2%
+# more, paired on one H200 each (docs/benchmarks.md); at bs=1 eight save 4-7%
 FEWER_WARPS_FROM_ROWS = 32
+FEWER_WARPS_FROM_HIDDEN = 4096
 FEWER_WARPS = 4
 # Bytes of weights a product's programs ask L2 for before their PDL wait, all programs together: the first tiles of
 # each program's slice, fetched while the kernel before drains. A fraction of the H200's 50 MB L2: on four warps 4
@@ -506,10 +508,11 @@ def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
     return 64, min(128, triton.next_power_of_2(k)), 8
 
 
-def warps_for(warps: int, rows: int) -> int:
-    """A product's warps at `rows` batch rows: tile_sizes' own, or FEWER_WARPS from FEWER_WARPS_FROM_ROWS rows on a
-    GPU."""
-    return min(warps, FEWER_WARPS) if rows >= FEWER_WARPS_FROM_ROWS and not interpreted() else warps
+def warps_for(warps: int, rows: int, hidden: int) -> int:
+    """A product's warps at `rows` batch rows in a model of `hidden` size: tile_sizes' own, or FEWER_WARPS from
+    FEWER_WARPS_FROM_ROWS rows where the model is FEWER_WARPS_FROM_HIDDEN wide, on a GPU."""
+    fewer = rows >= FEWER_WARPS_FROM_ROWS and hidden >= FEWER_WARPS_FROM_HIDDEN and not interpreted()
+    return min(warps, FEWER_WARPS) if fewer else warps
 
 
 def split_count(n: int, k: int, bn: int, bk: int, allowed: bool, most: int | None = None) -> int:
@@ -566,11 +569,12 @@ def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes:
     return min(slice_bytes, L2_PREFETCH_BYTES // programs) // 16 * 16
 
 
-def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: int = 1) -> Product:
-    """How to run x @ weight.T for `rows` batch rows, and the weight as the kernel reads it."""
+def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: int = 1, hidden: int = 0) -> Product:
+    """How to run x @ weight.T for `rows` batch rows of a model of `hidden` size, and the weight as the kernel reads
+    it."""
     n, k = weight.shape
     _, bk, warps = tile_sizes(n, k)
-    warps = warps_for(warps, rows)
+    warps = warps_for(warps, rows, hidden)
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable)
     return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), options.packed, warps,  # (Triton's interpreter computes a bf16 tl.dot wrongly)
@@ -581,7 +585,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
     k = gate.shape[1]
     bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
-    warps = warps_for(warps, rows)
+    warps = warps_for(warps, rows, hidden=k)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
@@ -622,7 +626,7 @@ class FusedDecoder:
             self.layers = [self._layer(layer) for layer in model.model.layers]
             self.embedding = model.model.embed_tokens.weight
             self.final_norm = model.model.norm.weight
-            self.lm_head = plan(model.lm_head.weight, options, splittable=False, rows=rows)
+            self.lm_head = plan(model.lm_head.weight, options, False, rows, self.hidden)
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         capacity = cache.layers[0].max_cache_len
         self.longest_prefix = min(longest_prefix or capacity, capacity)
@@ -633,11 +637,11 @@ class FusedDecoder:
         attn, mlp, opts = layer.self_attn, layer.mlp, self.options
         qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         norms = [getattr(getattr(attn, name, None), "weight", None) for name in ("q_norm", "k_norm")]
-        rows = self.rows
-        return Layer(layer.input_layernorm.weight, plan(qkv, opts, True, rows), *norms,
-                     plan(attn.o_proj.weight, opts, True, rows), layer.post_attention_layernorm.weight,
-                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, opts, rows),
-                     plan(mlp.down_proj.weight, opts, True, rows))
+        sizes = self.rows, self.hidden
+        return Layer(layer.input_layernorm.weight, plan(qkv, opts, True, *sizes), *norms,
+                     plan(attn.o_proj.weight, opts, True, *sizes), layer.post_attention_layernorm.weight,
+                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, opts, self.rows),
+                     plan(mlp.down_proj.weight, opts, True, *sizes))
 
     def _buffers(self, like: torch.Tensor) -> None:
         rows, first = self.rows, self.layers[0]
