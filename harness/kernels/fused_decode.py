@@ -502,7 +502,7 @@ def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
     Qwen3-8B at bs=32 four were 6% faster. In Triton's
     interpreter (CUDA-core products in fp32), whose cost is per program and per operation, wide column blocks and
     narrow K tiles, so that a tiny model's products still run split and over several tiles (the paths the tests
-    check). (From FEWER_WARPS_FROM_ROWS batch rows, `warps_for` takes fewer.)"""
+    check). (From FEWER_WARPS_FROM_ROWS batch rows in a wide model, `warps_for` takes fewer.)"""
     if interpreted():
         return min(INTERPRETED_BN, triton.next_power_of_2(n)), min(INTERPRETED_BK, triton.next_power_of_2(k)), 1
     return 64, min(128, triton.next_power_of_2(k)), 8
