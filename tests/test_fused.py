@@ -251,9 +251,9 @@ def test_products_take_fewer_warps_from_32_batch_rows_in_a_wide_model(monkeypatc
     warps = [fused_decode.plan(weight, options, True, rows, hidden=4096).warps for rows in (1, 8, 31, 32, 64)]
     assert warps == [8, 8, 8, 4, 4]
     assert fused_decode.plan(weight, options, True, 32, hidden=2048).warps == 8  # a 1B model keeps eight
-    narrow, wide = torch.zeros(128, 2048), torch.zeros(128, 4096)  # gate/up's K is the hidden size
-    assert [fused_decode.plan_swiglu(g, g, options, rows).warps for g in (narrow, wide) for rows in (8, 32)] == [
-        8, 8, 8, 4]
+    gate = torch.zeros(128, 128)
+    assert [fused_decode.plan_swiglu(gate, gate, options, rows, hidden).warps
+            for hidden in (2048, 4096) for rows in (8, 32)] == [8, 8, 8, 4]
 
 
 def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice(monkeypatch):

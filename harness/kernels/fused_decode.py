@@ -499,10 +499,10 @@ def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
     tile at bs 1, 2, 8 and 32 on the H200 (2.4-4.4 TB/s on Llama-3.2-1B's products, where 8 x 512 on CUDA cores
     reached 2.0-3.4 at bs=1 and far less above), on eight warps: alone four were as fast, but in the step eight took
     Llama-3.2-1B's bs=1 step from 1.009 to 0.943 ms (64 x 256 tiles: 1.080; docs/benchmarks.md), though on
-    Qwen3-8B at bs=32 four were 6% faster. In Triton's
-    interpreter (CUDA-core products in fp32), whose cost is per program and per operation, wide column blocks and
-    narrow K tiles, so that a tiny model's products still run split and over several tiles (the paths the tests
-    check). (From FEWER_WARPS_FROM_ROWS batch rows in a wide model, `warps_for` takes fewer.)"""
+    Qwen3-8B at bs=32 four were 6% faster (from FEWER_WARPS_FROM_ROWS batch rows in a wide model, `warps_for` takes
+    fewer). In Triton's interpreter (CUDA-core products in fp32), whose cost is per program and per operation, wide
+    column blocks and narrow K tiles, so that a tiny model's products still run split and over several tiles (the
+    paths the tests check)."""
     if interpreted():
         return min(INTERPRETED_BN, triton.next_power_of_2(n)), min(INTERPRETED_BK, triton.next_power_of_2(k)), 1
     return 64, min(128, triton.next_power_of_2(k)), 8
@@ -581,11 +581,13 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
                    prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), options))
 
 
-def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1) -> Product:
-    """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums)."""
+def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1,
+                hidden: int = 0) -> Product:
+    """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums),
+    for `rows` batch rows of a model of `hidden` size."""
     k = gate.shape[1]
     bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
-    warps = warps_for(warps, rows, hidden=k)
+    warps = warps_for(warps, rows, hidden)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
@@ -640,7 +642,7 @@ class FusedDecoder:
         sizes = self.rows, self.hidden
         return Layer(layer.input_layernorm.weight, plan(qkv, opts, True, *sizes), *norms,
                      plan(attn.o_proj.weight, opts, True, *sizes), layer.post_attention_layernorm.weight,
-                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, opts, self.rows),
+                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, opts, *sizes),
                      plan(mlp.down_proj.weight, opts, True, *sizes))
 
     def _buffers(self, like: torch.Tensor) -> None:
