@@ -25,11 +25,16 @@ LLAMA = ("model.model_type=llama", "+model.extra.rope_scaling={rope_type: llama3
          "low_freq_factor: 1.0, original_max_position_embeddings: 16}")  # tiny's sizes, Llama-3's layer and RoPE
 
 
-def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
-    """A tiny fp32 model's eager stepper and a fused decoder over a second prefilled cache of the same prompt."""
+def tiny_model_and_prompt(*overrides: str):
+    """A fused run's config, its tiny fp32 model and a seeded prompt of two rows."""
     cfg = run_config(*FUSED, *overrides)
     model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+    return cfg, model, seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+
+
+def fused_and_eager(*overrides: str, options=FusedOptions(pdl=False)):
+    """A tiny fp32 model's eager stepper and a fused decoder over a second prefilled cache of the same prompt."""
+    cfg, model, prompt = tiny_model_and_prompt(*overrides)
     eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
     return eager, run, FusedDecoder(model, run.cache, run.static_ids, options)
 
@@ -101,9 +106,7 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
     monkeypatch.setattr(fused_decode, "SERIAL_MERGE_MAX_CHUNKS", serial_max)
     monkeypatch.setattr(fused_decode, "MERGE_HEADS_TOGETHER", together)
     monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", False)  # the capacity's grid: three chunks past 128 slots
-    cfg = run_config(*FUSED, *family, "context_len=130", "cache_len=256")
-    model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+    cfg, model, prompt = tiny_model_and_prompt(*family, "context_len=130", "cache_len=256")
     eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
     decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False), longest_prefix=longest)
     assert decoder.merge_block == merge_block
@@ -122,9 +125,7 @@ def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slo
     past it (slot 130) attends in longer chunks (two blocks), to every slot, and computes what the capacity's grid
     (one block a chunk) computes, logits and cache, from the same prefilled context. (Against each other, not eager:
     the first prefill of a CPU process has been seen to differ from the later ones by 5e-4 in a logit.)"""
-    cfg = run_config(*FUSED, "context_len=130", "cache_len=256")
-    model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
-    prompt = seeded_prompt(2, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+    cfg, model, prompt = tiny_model_and_prompt("context_len=130", "cache_len=256")
     run, wide_run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len, prefill=False)
     wide_run.adopt([(layer.keys[:, :, :130], layer.values[:, :, :130]) for layer in run.cache.layers], run.first_ids)
     wide = FusedDecoder(model, wide_run.cache, run.static_ids, FusedOptions(pdl=False))
