@@ -15,7 +15,6 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
-    python benchmarks/fused_prefetch.py --set grid model=...        # the attention's chunks sized by the prefix
     python benchmarks/fused_prefetch.py --set warps model=... bs=32  # four warps at 32 rows, or eight
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default).
@@ -103,7 +102,7 @@ SPLIT_VARIANTS = [
     ("before: 4 programs an SM, 8 splits before blocks narrow", [], dict(PROGRAMS_PER_SM=4, WIDE_MAX_SPLITS=8)),
     ("1 program an SM", [], dict(PROGRAMS_PER_SM=1)),
     ("K/V asked of L2 first", [], dict(KV_PREFETCH=True)),
-    ("attention chunks for the cache's capacity", [], dict(CHUNKS_BY_PREFIX=False)),
+    ("attention chunks for the cache's capacity", [], dict(CHUNKS_BY_PREFIX=False)),  # `--only 0,4`: that pair
 ]  # (lease G2 ran the last the other way round, when the capacity's chunks were the default: "for the longest prefix")
 # `--set gateup`: an 8B model's gate/up (hidden 4096, the only product 2 x 12288 or 2 x 14336 wide) in column blocks
 # of 32 (twice the programs) or 128 (half), the other products as they are
@@ -114,9 +113,6 @@ def gate_up_blocks(bn: int):
 
 GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
     (f"gate/up in {bn}-column blocks", [], dict(tile_sizes=gate_up_blocks(bn))) for bn in (32, 128)]
-# `--set grid`: the attention's chunks a KV head sized by the longest prefix (the default) or by the capacity
-GRID_VARIANTS = [("chunks for the longest prefix (the default)", [], {}),
-                 ("chunks for the cache's capacity", [], dict(CHUNKS_BY_PREFIX=False))]
 # `--set warps`: products on four warps from 32 batch rows, or on eight at every batch (lease G4 ran it when four
 # were the rule at 32 rows in every model; now only from hidden size 4096, so the first row is eight on a 1B model)
 WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", [], {}),
@@ -125,7 +121,7 @@ WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", 
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS,
-        "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS, "grid": GRID_VARIANTS,
+        "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
