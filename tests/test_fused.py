@@ -59,7 +59,7 @@ def _assert(condition) -> None:
 @pytest.mark.parametrize("options", [FusedOptions(pdl=False), FusedOptions(pdl=False, split_k=False, packed=False),
                                      FusedOptions(pdl=False, fold_attention=False)],
                          ids=["split-packed", "plain", "attention-unfolded"])
-def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options, monkeypatch):
+def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
     eager, run, decoder = fused_and_eager(*family, options=options)
     assert eager.model.config.model_type == ("llama" if family else "qwen3")
     assert decoder.layers[0].down.splits > 1 if options.split_k else decoder.layers[0].down.splits == 1
