@@ -200,6 +200,29 @@ def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, pa
         assert why.startswith("logit error against fp32 ")
 
 
+@pytest.mark.parametrize("noise, passes", [(1e-3, True), (5.0, False)])
+def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, noise, passes):
+    # at a long context fp32 checks one or two rows of a batch: plain eager, the bound's unit, decodes those rows
+    # from the run's context K/V in a cache of their own, not every row of the batch in the run's cache
+    from harness.measure import verify as verify_module
+
+    monkeypatch.setattr(verify_module, "FP32_TOKENS", 16)  # 16 tokens of context 8: two rows of the batch of four
+    decoded_rows = []
+    forced = verify_module._forced
+    monkeypatch.setattr(verify_module, "_forced", lambda stepper, tokens, k=1: (
+        decoded_rows.append((stepper.rows, stepper.cache.layers[0].keys.dtype)), forced(stepper, tokens, k))[1])
+    cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
+    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(4, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    stepper = NoisyStepper(model, prompt, 64)
+    stepper.noise = noise
+    with torch.inference_mode():
+        checks, why = verify(model, prompt, stepper, cfg, False, torch.empty(0))
+    assert decoded_rows == [(2, torch.bfloat16), (2, torch.float32)]  # plain eager, then fp32: two rows each
+    assert checks["fp32_rows_checked"] == 2 and 0 < checks["eager_fp32_max_logit_err"] < 0.5
+    assert (why is None) == passes, why
+
+
 @pytest.mark.parametrize("kind, says", [
     ("kv_lost", "logits differ from eager's (same kernels, 2 rows) by up to "),
     ("rope_off_by_one", "logits differ from eager's (same kernels, 2 rows) by up to "),

@@ -7,7 +7,7 @@ import pytest
 
 from harness.measure import references
 from harness.measure.job import measure
-from harness.measure.stats import MIN_BLOCKS, stop_reason
+from harness.measure.stats import MIN_BLOCK_STEPS, MIN_BLOCKS, block_steps, stop_reason
 from tests.support import FAST, run_config
 
 STEADY = [[1.000, 1.001, 0.999, 1.000] * 8, [1.000, 1.000, 1.001, 0.999] * 8]  # a graphed run: ±0.1% at most
@@ -37,6 +37,35 @@ def test_repeats_caps_the_adaptive_rule_and_alone_times_exactly_that_many_blocks
     fixed = _rule(stop="repeats", repeats=3, time_budget_s=0.001)
     assert stop_reason(fixed, STEADY, spent_s=100.0, next_block_s=100.0) is None  # neither interval nor budget
     assert stop_reason(fixed, STEADY + STEADY[:1], 100.0, 100.0) == "repeats: 3 blocks (repeats=3)"
+
+
+def _pace(stop="adaptive", decode_tokens=128, warmup=10, time_budget_s=5.0, graph_steps=1):
+    return SimpleNamespace(stop=stop, decode_tokens=decode_tokens, warmup=warmup, time_budget_s=time_budget_s,
+                           graph_steps=graph_steps)
+
+
+def test_a_block_holds_what_the_budget_does_at_the_warm_ups_pace_and_never_fewer_than_the_checks_compare():
+    assert block_steps(_pace(), warmup_ms=10 * 30.0) == (128, None)  # a host-bound eager step: a whole block fits
+    steps, why = block_steps(_pace(), warmup_ms=10 * 48.0)  # 5 s hold 104 steps of 48 ms
+    assert steps == 104 and why == ("104 steps a block, not decode_tokens=128: at the warm-up's 48.0 ms a step, "
+                                    "time_budget_s=5 holds 104")
+    assert block_steps(_pace(), warmup_ms=10 * 330.0)[0] == MIN_BLOCK_STEPS == 32  # 15 fit; a median wants 32
+    assert block_steps(_pace(), warmup_ms=10 * 330.0, at_least=121)[0] == 121  # a block edge the lockstep reaches
+    assert block_steps(_pace(graph_steps=3), warmup_ms=10 * 330.0)[0] == 33  # whole calls of a 3-step graph
+    assert block_steps(_pace(stop="repeats"), warmup_ms=10 * 330.0) == (128, None)  # exactly what was asked
+    assert block_steps(_pace(warmup=0), warmup_ms=0.0) == (128, None)  # no warm-up, no pace: no cut
+
+
+def test_a_block_cut_to_the_budget_checks_every_token_it_decoded_and_still_fails_a_fault(monkeypatch):
+    cut = ["decode_tokens=48", "cache_len=128", "time_budget_s=0.001", "bs=2", "model.tie_word_embeddings=false"]
+    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", *cut))
+    m = result.metrics
+    assert result.failure is None and m["block_steps"] == 32 and len(result.step_ms) == 32 and m["repeats"] == 1
+    assert result.mode_tags["block_cut"].startswith("32 steps a block, not decode_tokens=48: at the warm-up's ")
+    assert m["decoded_tokens_checked"] == (2 + 32) * 2 and m["tokens_match"] == 1.0 and m["verified_steps"] == 32
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "stale_token")
+    broken = measure(run_config(*FAST, "device=cpu", "dtype=fp32", *cut))
+    assert broken.metrics["block_steps"] == 32 and broken.failure.startswith("logits differ from eager's")
 
 
 @pytest.mark.parametrize("overrides, blocks, rule", [

@@ -131,7 +131,10 @@ class RunConfig:
     repeats: int = 3  # timed blocks of decode_tokens (at most, under stop=adaptive), each after a rewind and warm-up
     # When timing stops. "adaptive": once the median's 95% interval is within ±target_ci_pct after MIN_BLOCKS blocks,
     # or before a block that would take the job's timed decode past time_budget_s (host-bound eager stops there), or
-    # at `repeats` blocks. "repeats": after exactly `repeats` blocks. The run logs which rule stopped it (`stopped_by`).
+    # at `repeats` blocks; where one block of decode_tokens would alone pass time_budget_s at the warm-up's pace (a
+    # slow GPU-bound step), a block decodes what the budget holds, at least 32 steps (`block_steps`, tag
+    # `block_cut`). "repeats": after exactly `repeats` blocks of decode_tokens. The run logs which rule stopped it
+    # (`stopped_by`).
     stop: str = "adaptive"
     target_ci_pct: float = 0.5
     time_budget_s: float = 5.0

@@ -24,7 +24,7 @@ from harness.modes.base import DecodeMode
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations
-from harness.measure.stats import NOISY_PCT, clock_failure, decode_metrics, is_noisy, stop_reason
+from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
 from harness.measure.timing import run_steps, timed_decode
 from harness.measure.verify import loop_reference, loop_serves_as_reference, verified_steps, verify
 
@@ -88,21 +88,24 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     phases = {"build_ms": loaded.build_ms}
     stepper, warm_tokens, kept = run_phases(cfg, model, mode, prompt, device, on_phase, phases, keep_loop_logits=True)
     loop = []  # plain eager's loop as its own check's reference (verify.LoopReference), built after the first block
+    checked = verified_steps(cfg.attn, cfg.context_len, cfg.cache_len)
+    # the lockstep's steps past the warm-up, decoded in the first block too: one eager pass serves both checks
+    steps = _block_steps(cfg, phases["warmup_ms"], checked - warm_tokens.shape[0], stepper.tags)
 
     def first_block(block) -> None:
-        steps = verified_steps(cfg.attn, cfg.context_len, cfg.cache_len)
-        loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), steps))
+        loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), checked))
         kept.clear()
 
-    blocks, gpu = _timed_blocks(cfg, stepper, prompt, device, on_phase, kept, first_block if kept is not None else None)
+    blocks, gpu = _timed_blocks(cfg, steps, stepper, device, on_phase, kept,
+                                first_block if kept is not None else None)
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
-               "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
+               "block_steps": float(steps), "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
     metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
     if is_noisy(metrics):
         stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
     arch = _architecture(model)
     metrics["parameters"] = float(arch["parameters"])  # the model's size, an axis of the reports
-    metrics.update(_speed_of_light(arch, cfg, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
+    metrics.update(_speed_of_light(arch, cfg, steps, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
     if cfg.profile and device.type == "cuda":
         on_phase("profile")
         metrics.update(profile_steps(stepper, cfg.profile_steps, artifacts_dir))
@@ -119,11 +122,19 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
-def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase, keep_logits: list | None = None,
+def _block_steps(cfg: RunConfig, warmup_ms: float, at_least: int, tags: dict) -> int:
+    steps, cut = block_steps(cfg, warmup_ms, max(at_least, 1))
+    if cut is not None:
+        tags["block_cut"] = cut
+    return steps
+
+
+def _timed_blocks(cfg: RunConfig, steps: int, stepper, device, on_phase, keep_logits: list | None = None,
                   first_block: Callable | None = None) -> tuple[list, GpuState]:
-    """Timed blocks, each from the prefilled context and after a warm-up (the first's were done before), until
-    `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read at their start
-    and end and its energy counter around each (between blocks). The rule that stopped is the tag `stopped_by`.
+    """Timed blocks of `steps` tokens, each from the prefilled context and after a warm-up (the first's were done
+    before), until `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read
+    at their start and end and its energy counter around each (between blocks). The rule that stopped is the tag
+    `stopped_by`.
     The first block's logits go to `keep_logits`, and `first_block(timing)` runs after it, outside the clock."""
     blocks, gpu, spent_s = [], GpuState(device), 0.0
     gpu.read("start")
@@ -135,7 +146,7 @@ def _timed_blocks(cfg: RunConfig, stepper, prompt, device, on_phase, keep_logits
         on_phase(f"decode (block {len(blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
         energy = gpu.energy()
         with nvtx_range("decode", device.type == "cuda"):
-            blocks.append(timed_decode(stepper, cfg.decode_tokens, device, None if blocks else keep_logits))  # ends in a sync
+            blocks.append(timed_decode(stepper, steps, device, None if blocks else keep_logits))  # ends in a sync
         gpu.add_block(energy)
         if first_block is not None and len(blocks) == 1:
             first_block(blocks[0])
@@ -176,15 +187,15 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     return stepper, warm_tokens, kept
 
 
-def _speed_of_light(arch: dict, cfg: RunConfig, device: torch.device, median_ms: float, tags: dict,
+def _speed_of_light(arch: dict, cfg: RunConfig, steps: int, device: torch.device, median_ms: float, tags: dict,
                     rows: int) -> dict[str, float]:
-    """Useful bytes and FLOPs per step (harness/roofline.py), what this implementation moves instead, and on a
-    GPU the floor they set and how close the run came to it."""
+    """Useful bytes and FLOPs per step (harness/roofline.py) over the `steps` positions a block timed, what this
+    implementation moves instead, and on a GPU the floor they set and how close the run came to it."""
     k = cfg.graph_steps
     first = cfg.context_len + round_up(cfg.warmup, k)  # the slot of the first timed step's token
-    positions = range(first, first + cfg.decode_tokens)
+    positions = range(first, first + steps)
     itemsize = DTYPES[cfg.dtype.value].itemsize
-    cost = step_cost(arch, cfg.bs, first + (cfg.decode_tokens + 1) / 2, itemsize)
+    cost = step_cost(arch, cfg.bs, first + (steps + 1) / 2, itemsize)
     moved = implementation_bytes(arch, rows, cfg.attn, cfg.cache_len, positions, itemsize)
     cost.update(implementation_bytes=moved, waste_factor=moved / cost["step_bytes"],
                 kv_slots_read=slots_read(cfg.attn, cfg.cache_len, positions))

@@ -44,11 +44,16 @@ def shape_of(model: torch.nn.Module, stepper, k: int = 1) -> tuple:
     """What, besides its inputs, decides a reference's logits: the model's weights (the key get_model built them
     from; else the object itself), its attention backend and dtype, the rows and capacity of the cache, and the
     tokens a call decodes (its logits are kept at every k-th step)."""
+    return weights_key(model), model.config._attn_implementation, str(model.dtype), stepper.rows, stepper.cache_len, k
+
+
+def weights_key(model: torch.nn.Module) -> str:
+    """The key get_model built the model's weights from, else a token of the model object itself."""
     weights = getattr(model, "harness_weights_key", None)
     if weights is None:
         weights = getattr(model, _MODEL_TOKEN, None) or secrets.token_hex(8)
         setattr(model, _MODEL_TOKEN, weights)
-    return weights, model.config._attn_implementation, str(model.dtype), stepper.rows, stepper.cache_len, k
+    return weights
 
 
 def reference(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, compute: Callable[[], object]):

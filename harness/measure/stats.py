@@ -109,6 +109,30 @@ def ci_pct(blocks: list[list[float]]) -> float:
     return half_width_pct(median, *median_interval(blocks))
 
 
+# A block cut to the time budget still decodes this many steps: the lockstep's VERIFY_TOKENS, and a median of 32
+# GPU-bound steps (the slow ones a cut applies to vary by 0.1-0.2% a step on the H200) resolves what ±0.5% asks
+MIN_BLOCK_STEPS = 32
+
+
+def block_steps(cfg, warmup_ms: float | None, at_least: int = MIN_BLOCK_STEPS) -> tuple[int, str | None]:
+    """Steps each timed block decodes, and why they are fewer than decode_tokens (else None). Under stop=adaptive,
+    where the warm-up's pace says a block of decode_tokens would alone pass time_budget_s (a GPU-bound step of
+    100 ms and more: long context in a masked kernel, a large MoE), a block decodes what the budget holds, and at
+    least MIN_BLOCK_STEPS and `at_least` (the steps the checks compare against the loop's own). The loop's tokens,
+    every one of which is checked, are the fewer with it."""
+    if cfg.stop != "adaptive" or not warmup_ms or cfg.warmup < 1:
+        return cfg.decode_tokens, None
+    pace_ms = warmup_ms / cfg.warmup
+    fit = int(cfg.time_budget_s * 1e3 / pace_ms)
+    steps = min(cfg.decode_tokens, max(fit, MIN_BLOCK_STEPS, at_least))
+    k = max(1, cfg.graph_steps)
+    steps = min(cfg.decode_tokens, -(-steps // k) * k)  # whole calls of a K-step graph
+    if steps >= cfg.decode_tokens:
+        return cfg.decode_tokens, None
+    return steps, (f"{steps} steps a block, not decode_tokens={cfg.decode_tokens}: at the warm-up's "
+                   f"{pace_ms:.1f} ms a step, time_budget_s={cfg.time_budget_s:g} holds {fit}")
+
+
 def stop_reason(cfg, blocks: list[list[float]], spent_s: float, next_block_s: float) -> str | None:
     """Why timing stops after these blocks (the run's `stopped_by` tag), or None to time another. `spent_s`: the
     job's timed decode so far, each block with its rewind and warm-up; `next_block_s`: what one more would add."""

@@ -19,7 +19,8 @@ shape computed for the very same tokens is taken as it is (references.py): in a 
   against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
   measured error. The fp32 decode starts from the run's own context K/V, upcast (no fp32 prefill), in a cache
   of its own (twice the bytes): it checks as many rows as half the free memory holds, up to FP32_TOKENS of
-  context (`fp32_rows_checked`), after the run's cache is freed.
+  context (`fp32_rows_checked`), after the run's cache is freed; plain eager's decode, the bound's unit, takes
+  those rows' context K/V as they are, in a cache of its own.
 """
 from __future__ import annotations
 
@@ -337,25 +338,26 @@ def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
 
 def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | None:
     """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens, all from
-    the run's prefilled context: the fp32 decode takes the run's context K/V, upcast (as the public studies of
-    decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a long context is
-    paid. A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
-    ctx, k = stepper.context_len, stepper.tokens_per_step
-    sums = torch.stack([t[:, :, :ctx].float().sum() for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
-    shape = references.shape_of(model, stepper, k)  # the run's attention: it prefilled the cache plain eager decodes in
-    with attention(model, "sdpa"):
-        plain = references.reference("plain", shape, [prompt, stepper.first_ids, sums, run.tokens], 0,
-                                     lambda: _forced(_eager_in(model, stepper), run.tokens, k)).logits
-    every_step = _fp32_reference(model, prompt, stepper, cfg, run, sums)  # frees the run's cache
-    ref, rows = every_step[k - 1::k], every_step.shape[1]  # the steps whose logits a call returns
-    err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain[:, :rows], ref)
+    the run's prefilled context: plain eager and the fp32 decode take the run's context K/V (fp32's upcast, as the
+    public studies of decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a
+    long context is paid. Both decode the rows fp32 checks, and no more (at a long context, one or two of a batch
+    of 32). A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
+    k = stepper.tokens_per_step
+    sums = torch.stack([t[:, :, :stepper.context_len].float().sum()
+                        for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
+    context = _context_copy(model, stepper)  # frees the run's cache
+    plain = _plain_reference(model, prompt, cfg, context, run, sums, k)
+    every_step = _fp32_reference(model, prompt, cfg, context, run, sums)
+    context.prefix.clear()  # the context copy, freed before the comparisons
+    ref, rows = every_step[k - 1::k], context.rows  # the steps whose logits a call returns
+    err, own = _max_diff(run.logits[:, :rows], ref), _max_diff(plain, ref)
     bound = max(INEXACT_BOUND * own, FP32_FLOOR * float(ref.abs().max()))
     top2 = ref.topk(2, dim=-1).values
     differ = run.logits[:, :rows].argmax(-1) != ref.argmax(-1)
     metrics.update(fp32_max_logit_err=err, eager_fp32_max_logit_err=own, fp32_err_bound=bound,
                    fp32_err_vs_eager=err / own if own else float("nan"), fp32_rows_checked=float(rows),
                    fp32_token_agreement=1.0 - float(differ.float().mean()))
-    fidelity = fidelity_against_fp32(ref, run.logits[:, :rows], plain[:, :rows])
+    fidelity = fidelity_against_fp32(ref, run.logits[:, :rows], plain)
     stepper.tags["fidelity"] = fidelity.pop("fidelity")
     metrics.update(fidelity)
     if err > bound:
@@ -381,29 +383,58 @@ def _every_token_against_fp32(every_step: torch.Tensor, tokens: torch.Tensor, to
             f"fp32's choice given the same history, more than twice the run's error ({tolerance:.4g})")
 
 
-def _fp32_reference(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor) -> torch.Tensor:
-    """The fp32 decode [steps, rows, vocab] fed the run's tokens, logits at every step (a call of several steps
-    returns only its last), from the run's context K/V (copied, then the run's cache freed, so that as many rows as
-    half the free memory holds fit), or an earlier job's for the same."""
+@dataclass
+class ContextCopy:
+    """The run's context K/V per layer [rows, kv_heads, context, head_dim] and first tokens, for the rows fp32
+    checks: copied before the run's cache is freed, so that as many rows as half the free memory holds fit."""
+
+    prefix: list[tuple[torch.Tensor, torch.Tensor]]
+    first_ids: torch.Tensor
+    rows: int
+
+
+def _context_copy(model, stepper) -> ContextCopy:
     ctx, most = stepper.context_len, _fp32_rows_at_most(stepper)
     prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
     first_ids = stepper.first_ids[:most]
     stepper.release()
     rows = _fp32_rows(model, stepper)
+    return ContextCopy([(k[:rows], v[:rows]) for k, v in prefix], first_ids[:rows], rows)
 
+
+def _decode_from(model, prompt, cfg, context: ContextCopy, tokens: torch.Tensor, k: int = 1,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An eager decode of the copied context's rows in a cache of its own, fed `tokens`; logits at every k-th step."""
+    reference = EagerStepper(model, prompt[:context.rows], cfg.cache_len, dtype=dtype, prefill=False)
+    reference.adopt(context.prefix, context.first_ids)
+    logits = _forced(reference, tokens[:, :context.rows], k).logits
+    reference.release()
+    return logits
+
+
+def _plain_reference(model, prompt, cfg, context: ContextCopy, run: Trace, sums: torch.Tensor, k: int) -> torch.Tensor:
+    """Plain eager (this dtype, sdpa) over the copied rows, fed the run's tokens [steps, rows, vocab], or an earlier
+    job's for the same (any attention backend: plain runs sdpa from the very same context K/V)."""
+    def plain_decode() -> torch.Tensor:
+        with attention(model, "sdpa"):
+            return _decode_from(model, prompt, cfg, context, run.tokens, k)
+
+    shape = ("plain", references.weights_key(model), str(model.dtype), context.rows, cfg.cache_len, k)
+    return references.reference("plain", shape, [prompt[:context.rows], context.first_ids, sums,
+                                                 run.tokens[:, :context.rows]], 0, plain_decode)
+
+
+def _fp32_reference(model, prompt, cfg, context: ContextCopy, run: Trace, sums: torch.Tensor) -> torch.Tensor:
+    """The fp32 decode [steps, rows, vocab] fed the run's tokens, logits at every step (a call of several steps
+    returns only its last), from the run's context K/V upcast, or an earlier job's for the same."""
     def fp32_decode() -> torch.Tensor:
         with computed_in_fp32(model):
-            reference = EagerStepper(model, prompt[:rows], cfg.cache_len, dtype=torch.float32, prefill=False)
-            reference.adopt([(k[:rows], v[:rows]) for k, v in prefix], first_ids[:rows])
-            logits = _forced(reference, run.tokens[:, :rows]).logits.float()
-            reference.release()
-        return logits
+            return _decode_from(model, prompt, cfg, context, run.tokens, dtype=torch.float32).float()
 
-    shape = ("fp32", references.shape_of(model, stepper)[0], rows, cfg.cache_len)  # any attention: fp32 runs sdpa
-    ref = references.reference("fp32", shape, [prompt[:rows], first_ids[:rows], sums, run.tokens[:, :rows]], 0,
-                               fp32_decode)
-    prefix.clear()  # the context copy, freed before the comparisons
-    return ref
+    rows = context.rows
+    shape = ("fp32", references.weights_key(model), rows, cfg.cache_len)  # any attention: fp32 runs sdpa
+    return references.reference("fp32", shape, [prompt[:rows], context.first_ids, sums, run.tokens[:, :rows]], 0,
+                                fp32_decode)
 
 
 def _fidelity_lost(f: dict) -> str:
