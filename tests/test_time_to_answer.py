@@ -1,14 +1,18 @@
 """What a sweep does not do twice, and when a job's timing stops: each shortcut with the check it must not weaken."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harness.measure import references
 from harness.measure.job import measure
 from harness.measure.stats import MIN_BLOCK_STEPS, MIN_BLOCKS, block_steps, stop_reason
-from tests.support import FAST, run_config
+from harness.measure.timing import warm_up
+from harness.modes.eager import EagerStepper
+from tests.support import FAST, run_config, tiny_fp32
 
 STEADY = [[1.000, 1.001, 0.999, 1.000] * 8, [1.000, 1.000, 1.001, 0.999] * 8]  # a graphed run: ±0.1% at most
 NOISY = [[1.0, 1.4, 0.8, 1.9] * 8, [1.6, 0.9, 1.2, 1.0] * 8]  # a host-bound eager run
@@ -39,21 +43,32 @@ def test_repeats_caps_the_adaptive_rule_and_alone_times_exactly_that_many_blocks
     assert stop_reason(fixed, STEADY + STEADY[:1], 100.0, 100.0) == "repeats: 3 blocks (repeats=3)"
 
 
-def _pace(stop="adaptive", decode_tokens=128, warmup=10, time_budget_s=5.0, graph_steps=1):
-    return SimpleNamespace(stop=stop, decode_tokens=decode_tokens, warmup=warmup, time_budget_s=time_budget_s,
-                           graph_steps=graph_steps)
+def _pace(stop="adaptive", decode_tokens=128, time_budget_s=5.0, graph_steps=1):
+    return SimpleNamespace(stop=stop, decode_tokens=decode_tokens, time_budget_s=time_budget_s, graph_steps=graph_steps)
 
 
 def test_a_block_holds_what_the_budget_does_at_the_warm_ups_pace_and_never_fewer_than_the_checks_compare():
-    assert block_steps(_pace(), warmup_ms=10 * 30.0) == (128, None)  # a host-bound eager step: a whole block fits
-    steps, why = block_steps(_pace(), warmup_ms=10 * 48.0)  # 5 s hold 104 steps of 48 ms
+    assert block_steps(_pace(), pace_ms=30.0) == (128, None)  # a host-bound eager step: a whole block fits
+    steps, why = block_steps(_pace(), pace_ms=48.0)  # 5 s hold 104 steps of 48 ms
     assert steps == 104 and why == ("104 steps a block, not decode_tokens=128: at the warm-up's 48.0 ms a step, "
                                     "time_budget_s=5 holds 104")
-    assert block_steps(_pace(), warmup_ms=10 * 330.0)[0] == MIN_BLOCK_STEPS == 32  # 15 fit; a median wants 32
-    assert block_steps(_pace(), warmup_ms=10 * 330.0, at_least=121)[0] == 121  # a block edge the lockstep reaches
-    assert block_steps(_pace(graph_steps=3), warmup_ms=10 * 330.0)[0] == 33  # whole calls of a 3-step graph
-    assert block_steps(_pace(stop="repeats"), warmup_ms=10 * 330.0) == (128, None)  # exactly what was asked
-    assert block_steps(_pace(warmup=0), warmup_ms=0.0) == (128, None)  # no warm-up, no pace: no cut
+    assert block_steps(_pace(), pace_ms=330.0)[0] == MIN_BLOCK_STEPS == 32  # 15 fit; a median wants 32
+    assert block_steps(_pace(), pace_ms=330.0, at_least=121)[0] == 121  # a block edge the lockstep reaches
+    assert block_steps(_pace(graph_steps=3), pace_ms=330.0)[0] == 33  # whole calls of a 3-step graph
+    assert block_steps(_pace(stop="repeats"), pace_ms=330.0) == (128, None)  # exactly what was asked
+    assert block_steps(_pace(), pace_ms=None) == (128, None)  # a warm-up of one call or none has no pace: no cut
+
+
+def test_the_warm_ups_pace_is_its_second_half_so_a_slow_first_call_does_not_cut_a_block(monkeypatch):
+    _, model, prompt = tiny_fp32()
+    stepper = EagerStepper(model, prompt, 64)
+    step, calls = stepper.step, []
+    # a first call of 0.5 s (a late compile): over all ten calls the pace would be 50 ms or more
+    stepper.step = lambda: (calls.append(1), time.sleep(0.5 if len(calls) == 1 else 0), step())[2]
+    with torch.inference_mode():
+        tokens, pace_ms = warm_up(stepper, 10, torch.device("cpu"))
+        assert tokens.shape == (10, 2) and len(calls) == 10 and pace_ms < 25
+        assert warm_up(stepper, 1, torch.device("cpu"))[1] is None  # one call: no second half to time
 
 
 def test_a_block_cut_to_the_budget_checks_every_token_it_decoded_and_still_fails_a_fault(monkeypatch):

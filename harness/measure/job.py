@@ -25,7 +25,7 @@ from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
-from harness.measure.timing import run_steps, timed_decode
+from harness.measure.timing import run_steps, timed_decode, warm_up
 from harness.measure.verify import loop_reference, loop_serves_as_reference, verified_steps, verify
 
 
@@ -90,7 +90,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     loop = []  # plain eager's loop as its own check's reference (verify.LoopReference), built after the first block
     checked = verified_steps(cfg.attn, cfg.context_len, cfg.cache_len)
     # the lockstep's steps past the warm-up, decoded in the first block too: one eager pass serves both checks
-    steps = _block_steps(cfg, phases["warmup_ms"], checked - warm_tokens.shape[0], stepper.tags)
+    steps = _block_steps(cfg, phases.get("warmup_pace_ms"), checked - warm_tokens.shape[0], stepper.tags)
 
     def first_block(block) -> None:
         loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), checked))
@@ -122,8 +122,8 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
-def _block_steps(cfg: RunConfig, warmup_ms: float, at_least: int, tags: dict) -> int:
-    steps, cut = block_steps(cfg, warmup_ms, max(at_least, 1))
+def _block_steps(cfg: RunConfig, pace_ms: float | None, at_least: int, tags: dict) -> int:
+    steps, cut = block_steps(cfg, pace_ms, at_least)
     if cut is not None:
         tags["block_cut"] = cut
     return steps
@@ -183,7 +183,9 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None
-        warm_tokens = run_steps(stepper, cfg.warmup, kept)
+        warm_tokens, pace_ms = warm_up(stepper, cfg.warmup, device, kept)
+    if pace_ms is not None:
+        phases["warmup_pace_ms"] = pace_ms  # ms a step over the warm-up's second half: what sizes a timed block
     return stepper, warm_tokens, kept
 
 

@@ -114,15 +114,14 @@ def ci_pct(blocks: list[list[float]]) -> float:
 MIN_BLOCK_STEPS = 32
 
 
-def block_steps(cfg, warmup_ms: float | None, at_least: int = MIN_BLOCK_STEPS) -> tuple[int, str | None]:
+def block_steps(cfg, pace_ms: float | None, at_least: int = MIN_BLOCK_STEPS) -> tuple[int, str | None]:
     """Steps each timed block decodes, and why they are fewer than decode_tokens (else None). Under stop=adaptive,
-    where the warm-up's pace says a block of decode_tokens would alone pass time_budget_s (a GPU-bound step of
-    100 ms and more: long context in a masked kernel, a large MoE), a block decodes what the budget holds, and at
-    least MIN_BLOCK_STEPS and `at_least` (the steps the checks compare against the loop's own). The loop's tokens,
-    every one of which is checked, are the fewer with it."""
-    if cfg.stop != "adaptive" or not warmup_ms or cfg.warmup < 1:
+    where the warm-up's pace (ms a step, timing.warm_up) says a block of decode_tokens would alone pass time_budget_s
+    (a GPU-bound step of 40 ms and more: long context in a masked kernel, a large MoE), a block decodes what the
+    budget holds, and at least MIN_BLOCK_STEPS and `at_least` (the steps the checks compare against the loop's own).
+    The loop's tokens, every one of which is checked, are the fewer with it."""
+    if cfg.stop != "adaptive" or not pace_ms:
         return cfg.decode_tokens, None
-    pace_ms = warmup_ms / cfg.warmup
     fit = int(cfg.time_budget_s * 1e3 / pace_ms)
     steps = min(cfg.decode_tokens, max(fit, MIN_BLOCK_STEPS, at_least))
     k = max(1, cfg.graph_steps)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from harness.clock import cuda_event_ms
+from harness.clock import cuda_event_ms, stopwatch
 
 if TYPE_CHECKING:
     from harness.modes.base import Stepper
@@ -61,6 +61,21 @@ def run_steps(stepper: Stepper, tokens: int, keep_logits: list | None = None) ->
             keep_logits.append(logits)
         decoded.append(stepper.tokens.clone())
     return torch.cat(decoded)
+
+
+def warm_up(stepper: Stepper, tokens: int, device: torch.device,
+            keep_logits: list | None = None) -> tuple[torch.Tensor, float | None]:
+    """The untimed warm-up (run_steps), and its pace: ms a token over its second half of calls, between syncs (outside
+    any timed loop), so that a first call's one-off costs (a late compile, a cold cache) do not count; None where
+    it makes fewer than two calls."""
+    calls, k = calls_for(stepper, tokens), stepper.tokens_per_step
+    if calls < 2:
+        return run_steps(stepper, tokens, keep_logits), None
+    first = run_steps(stepper, calls // 2 * k, keep_logits)
+    second_half: dict[str, float] = {}
+    with stopwatch(device, second_half, "ms"):
+        second = run_steps(stepper, (calls - calls // 2) * k, keep_logits)
+    return torch.cat([first, second]), second_half["ms"] / second.shape[0]
 
 
 def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
