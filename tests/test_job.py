@@ -184,15 +184,20 @@ class NoisyStepper(EagerStepper):
         return logits + self.noise * torch.randn_like(logits.float()).to(logits.dtype)
 
 
-@pytest.mark.parametrize("noise, passes", [(1e-3, True), (5.0, False)])
-def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, passes):
+def _noisy_run_verified(noise: float) -> tuple[dict, str | None]:
+    """An inexact mode of the tiny model in bf16 at bs=4 (eager plus `noise` on every logit), verified."""
     cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
     model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
     prompt = seeded_prompt(4, 8, model.config.vocab_size, 0, torch.device("cpu"))
     stepper = NoisyStepper(model, prompt, 64)
     stepper.noise = noise
     with torch.inference_mode():
-        checks, why = verify(model, prompt, stepper, cfg, False, torch.empty(0))
+        return verify(model, prompt, stepper, cfg, False, torch.empty(0))
+
+
+@pytest.mark.parametrize("noise, passes", [(1e-3, True), (5.0, False)])
+def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, passes):
+    checks, why = _noisy_run_verified(noise)
     assert 0 < checks["eager_fp32_max_logit_err"] < 0.5  # bf16 eager's own rounding against fp32 (tiny: ~0.2)
     assert checks["fp32_err_bound"] == pytest.approx(INEXACT_BOUND * checks["eager_fp32_max_logit_err"])
     assert (why is None) == passes, why
@@ -211,13 +216,7 @@ def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, nois
     forced = verify_module._forced
     monkeypatch.setattr(verify_module, "_forced", lambda stepper, tokens, k=1: (
         decoded_rows.append((stepper.rows, stepper.cache.layers[0].keys.dtype)), forced(stepper, tokens, k))[1])
-    cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
-    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
-    prompt = seeded_prompt(4, 8, model.config.vocab_size, 0, torch.device("cpu"))
-    stepper = NoisyStepper(model, prompt, 64)
-    stepper.noise = noise
-    with torch.inference_mode():
-        checks, why = verify(model, prompt, stepper, cfg, False, torch.empty(0))
+    checks, why = _noisy_run_verified(noise)
     assert decoded_rows == [(2, torch.bfloat16), (2, torch.float32)]  # plain eager, then fp32: two rows each
     assert checks["fp32_rows_checked"] == 2 and 0 < checks["eager_fp32_max_logit_err"] < 0.5
     assert (why is None) == passes, why
