@@ -59,7 +59,7 @@ def test_a_block_holds_what_the_budget_does_at_the_warm_ups_pace_and_never_fewer
     assert block_steps(_pace(), pace_ms=None) == (128, None)  # a warm-up of one call or none has no pace: no cut
 
 
-def test_the_warm_ups_pace_is_its_second_half_so_a_slow_first_call_does_not_cut_a_block(monkeypatch):
+def test_the_warm_ups_pace_is_its_second_half_so_a_slow_first_call_does_not_cut_a_block():
     _, model, prompt = tiny_fp32()
     stepper = EagerStepper(model, prompt, 64)
     step, calls = stepper.step, []
@@ -67,7 +67,7 @@ def test_the_warm_ups_pace_is_its_second_half_so_a_slow_first_call_does_not_cut_
     stepper.step = lambda: (calls.append(1), time.sleep(0.5 if len(calls) == 1 else 0), step())[2]
     with torch.inference_mode():
         tokens, pace_ms = warm_up(stepper, 10, torch.device("cpu"))
-        assert tokens.shape == (10, 2) and len(calls) == 10 and pace_ms < 25
+        assert tokens.shape == (10, 2) and len(calls) == 10 and pace_ms < 45  # the mean of all ten: >= 50
         assert warm_up(stepper, 1, torch.device("cpu"))[1] is None  # one call: no second half to time
 
 
