@@ -123,9 +123,8 @@ def block_steps(cfg, pace_ms: float | None, at_least: int = MIN_BLOCK_STEPS) -> 
     if cfg.stop != "adaptive" or not pace_ms:
         return cfg.decode_tokens, None
     fit = int(cfg.time_budget_s * 1e3 / pace_ms)
-    steps = min(cfg.decode_tokens, max(fit, MIN_BLOCK_STEPS, at_least))
     k = max(1, cfg.graph_steps)
-    steps = min(cfg.decode_tokens, -(-steps // k) * k)  # whole calls of a K-step graph
+    steps = -(-max(fit, MIN_BLOCK_STEPS, at_least) // k) * k  # whole calls of a K-step graph
     if steps >= cfg.decode_tokens:
         return cfg.decode_tokens, None
     return steps, (f"{steps} steps a block, not decode_tokens={cfg.decode_tokens}: at the warm-up's "
