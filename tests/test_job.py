@@ -213,13 +213,42 @@ def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, nois
 
     monkeypatch.setattr(verify_module, "FP32_TOKENS", 16)  # 16 tokens of context 8: two rows of the batch of four
     decoded_rows = []
-    forced = verify_module._forced
+    forced, teacher_forced = verify_module._forced, verify_module._teacher_forced
     monkeypatch.setattr(verify_module, "_forced", lambda stepper, tokens, k=1: (
-        decoded_rows.append((stepper.rows, stepper.cache.layers[0].keys.dtype)), forced(stepper, tokens, k))[1])
+        decoded_rows.append(("steps", stepper.rows, stepper.cache.layers[0].keys.dtype)), forced(stepper, tokens, k))[1])
+    monkeypatch.setattr(verify_module, "_teacher_forced", lambda stepper, tokens: (
+        decoded_rows.append(("forwards", stepper.rows, stepper.cache.layers[0].keys.dtype)),
+        teacher_forced(stepper, tokens))[1])
     checks, why = _noisy_run_verified(noise)
-    assert decoded_rows == [(2, torch.bfloat16), (2, torch.float32)]  # plain eager, then fp32: two rows each
+    # plain eager step by step (the rounding the bound is in units of), then fp32 teacher-forced: two rows each
+    assert decoded_rows == [("steps", 2, torch.bfloat16), ("forwards", 2, torch.float32)]
     assert checks["fp32_rows_checked"] == 2 and 0 < checks["eager_fp32_max_logit_err"] < 0.5
     assert (why is None) == passes, why
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("logits_bytes", [1 << 30, 1])  # one forward over every token; a forward per token
+def test_the_teacher_forced_fp32_reference_is_the_step_by_step_decode(monkeypatch, family, logits_bytes):
+    # fp32's logits come from forwards over the run's known tokens: each position must see the history a decode
+    # step gives it (the first token, then the tokens fed before it), whatever the chunks, in every family
+    from harness.measure import verify as verify_module
+
+    monkeypatch.setattr(verify_module, "FORCED_LOGITS_BYTES", logits_bytes)
+    cfg = run_config(*FAST, "device=cpu", "dtype=bf16", "bs=3", "context_len=12", "cache_len=64",
+                     "model.tie_word_embeddings=false", *FAMILIES[family])
+    model = models._load(cfg.model, torch.bfloat16, "sdpa", torch.device("cpu"), seed=3)[0]
+    prompt = seeded_prompt(3, 12, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        run = EagerStepper(model, prompt, 64)
+        tokens = _free_run(run, 20).tokens
+        context = verify_module._context_copy(model, run)
+        with computed_in_fp32(model):
+            step_by_step, forwards = (verify_module._decode_from(model, prompt, cfg, context, tokens,
+                                                                 dtype=torch.float32, step_by_step=by_steps)
+                                      for by_steps in (True, False))
+    assert forwards.shape == step_by_step.shape == (20, 3, model.config.vocab_size)
+    # fp32 rounding of other GEMM shapes, a millionth of the logits; a history off by one token moves them by ~1
+    assert float((forwards - step_by_step).abs().max()) < 1e-5 * float(step_by_step.abs().max())
 
 
 @pytest.mark.parametrize("kind, says", [

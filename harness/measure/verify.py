@@ -19,8 +19,9 @@ shape computed for the very same tokens is taken as it is (references.py): in a 
   against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
   measured error. The fp32 decode starts from the run's own context K/V, upcast (no fp32 prefill), in a cache
   of its own (twice the bytes): it checks as many rows as half the free memory holds, up to FP32_TOKENS of
-  context (`fp32_rows_checked`), after the run's cache is freed; plain eager's decode, the bound's unit, takes
-  those rows' context K/V as they are, in a cache of its own.
+  context (`fp32_rows_checked`), after the run's cache is freed, and takes every step's logits from forwards over
+  the run's tokens (teacher forcing), not a step at a time; plain eager's decode, the bound's unit, takes those
+  rows' context K/V as they are, in a cache of its own, and decodes step by step as the run does.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.kernels import attention_spec
-from harness.modes.base import kv_heads_and_dim
+from harness.modes.base import CACHE_KWARG, kv_heads_and_dim, prefill_chunk
 from harness.modes.eager import EagerStepper
 from harness.measure import references
 from harness.measure.stats import paired_mean_interval
@@ -49,6 +50,7 @@ KL_TOLERANCE = 1.0
 KL_STEP_TOLERANCE = 4.0
 KL_FLOOR_NATS = 1e-6
 FP32_TOKENS = 32768  # context tokens the fp32 reference prefills at most (rows x context_len): its prefill is slow
+FORCED_LOGITS_BYTES = 1 << 30  # a teacher-forced forward's logits (rows x tokens x vocab, fp32) stay under this
 
 
 @dataclass
@@ -341,7 +343,8 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     the run's prefilled context: plain eager and the fp32 decode take the run's context K/V (fp32's upcast, as the
     public studies of decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a
     long context is paid. Both decode the rows fp32 checks, and no more (at a long context, one or two of a batch
-    of 32). A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
+    of 32): plain eager step by step, the decode whose rounding is the bound's unit, fp32 in forwards over the
+    known tokens. A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
     k = stepper.tokens_per_step
     sums = torch.stack([t[:, :, :stepper.context_len].float().sum()
                         for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
@@ -403,13 +406,32 @@ def _context_copy(model, stepper) -> ContextCopy:
 
 
 def _decode_from(model, prompt, cfg, context: ContextCopy, tokens: torch.Tensor, k: int = 1,
-                 dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An eager decode of the copied context's rows in a cache of its own, fed `tokens`; logits at every k-th step."""
+                 dtype: torch.dtype | None = None, step_by_step: bool = True) -> torch.Tensor:
+    """An eager decode of the copied context's rows in a cache of its own, fed `tokens`; logits at every k-th step.
+    step_by_step=False: every step's logits from forwards over the known tokens (_teacher_forced)."""
     reference = EagerStepper(model, prompt[:context.rows], cfg.cache_len, dtype=dtype, prefill=False)
     reference.adopt(context.prefix, context.first_ids)
-    logits = _forced(reference, tokens[:, :context.rows], k).logits
+    rows_tokens = tokens[:, :context.rows]
+    logits = _forced(reference, rows_tokens, k).logits if step_by_step else _teacher_forced(reference, rows_tokens)
     reference.release()
     return logits
+
+
+def _teacher_forced(stepper, tokens: torch.Tensor) -> torch.Tensor:
+    """Every step's logits [steps, rows, vocab] of a decode fed `tokens` [steps, rows] after the stepper's first
+    token, from forwards over those known tokens: each position attends to the very history a step-by-step decode
+    gives it (the context, then the tokens before it: causal), so the logits are that decode's up to the rounding of
+    other GEMM shapes (in fp32, about 1e-6 of a logit), at one forward's cost where steps would pay a step's host
+    time each (an MoE's eager experts loop, 32 times over). In chunks whose mask and logits fit."""
+    steps, rows = tokens.shape
+    ids = torch.cat([stepper.first_ids, tokens[:-1].T.to(stepper.first_ids.device)], dim=1)  # [rows, steps]
+    per_token = rows * stepper.model.config.vocab_size * 4
+    chunk = max(1, min(prefill_chunk(rows, steps, stepper.cache_len), FORCED_LOGITS_BYTES // per_token))
+    logits = []
+    for start in range(0, steps, chunk):
+        out = stepper.model(input_ids=ids[:, start:start + chunk], **{CACHE_KWARG: stepper.cache}, use_cache=True)
+        logits.append(out.logits.transpose(0, 1))
+    return torch.cat(logits)
 
 
 def _plain_reference(model, prompt, cfg, context: ContextCopy, run: Trace, sums: torch.Tensor, k: int) -> torch.Tensor:
@@ -426,10 +448,11 @@ def _plain_reference(model, prompt, cfg, context: ContextCopy, run: Trace, sums:
 
 def _fp32_reference(model, prompt, cfg, context: ContextCopy, run: Trace, sums: torch.Tensor) -> torch.Tensor:
     """The fp32 decode [steps, rows, vocab] fed the run's tokens, logits at every step (a call of several steps
-    returns only its last), from the run's context K/V upcast, or an earlier job's for the same."""
+    returns only its last), from the run's context K/V upcast, teacher-forced in forwards over those tokens, or an
+    earlier job's for the same."""
     def fp32_decode() -> torch.Tensor:
         with computed_in_fp32(model):
-            return _decode_from(model, prompt, cfg, context, run.tokens, dtype=torch.float32).float()
+            return _decode_from(model, prompt, cfg, context, run.tokens, dtype=torch.float32, step_by_step=False).float()
 
     rows = context.rows
     shape = ("fp32", references.weights_key(model), rows, cfg.cache_len)  # any attention: fp32 runs sdpa
