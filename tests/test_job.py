@@ -118,6 +118,16 @@ def test_the_fp32_reference_equals_a_whole_fp32_copy_and_leaves_the_weights_in_p
         assert param is before[name][0] and torch.equal(param, before[name][1]), name
 
 
+def test_building_a_model_leaves_its_preset_as_composed():
+    # transformers writes rope_theta into the rope_scaling dict its config is given: a preset that shared the dict
+    # changed under the run (an A/B's arms then "differed" in a key that neither arm set)
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", *FAMILIES["llama"])
+    before = copy_module.deepcopy(cfg.model.extra)
+    assert "rope_scaling" in before
+    models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=0)
+    assert cfg.model.extra == before
+
+
 def test_a_checkpoint_of_another_architecture_is_refused_not_mislabelled(tmp_path):
     tiny = run_config(*FAST, "device=cpu", "dtype=fp32")
     models._load(tiny.model, torch.float32, "sdpa", torch.device("cpu"), seed=0)[0].save_pretrained(tmp_path / "ckpt")

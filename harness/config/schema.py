@@ -6,6 +6,7 @@ wrong type or an unknown enum value is caught by Hydra itself. Checks that relat
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -82,9 +83,11 @@ class ModelConfig:
                  f"model.num_key_value_heads={self.num_key_value_heads}")
 
     def architecture(self) -> dict[str, Any]:
-        """The keyword arguments of the transformers config class."""
+        """The keyword arguments of the transformers config class; `extra`'s dicts copied, since transformers writes
+        into them (rope_theta into rope_scaling), and the preset must stay as composed."""
         return {**{k: v for k, v in self.__dict__.items()
-                   if k not in ("name", "model_type", "weights", "fuse_projections", "extra")}, **self.extra}
+                   if k not in ("name", "model_type", "weights", "fuse_projections", "extra")},
+                **copy.deepcopy(self.extra)}
 
 
 @dataclass
