@@ -64,7 +64,8 @@ def test_every_graph_mode_verifies(mode, bs):
         assert ("padding_overhead_pct" in m) == (bs == 3) == ("unpadded_token_agreement" in m)
 
 
-@pytest.mark.parametrize("kind", ["kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token"])
+@pytest.mark.parametrize("kind", ["kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token",
+                                  "rewind_clears_context_end"])
 def test_every_injected_mutation_fails_a_graphed_run(monkeypatch, kind):
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)  # active in the capture: the graph holds the fault
     result = measure(run_config(*QWEN, "bs=2", "mode=graphed", "repeats=1", "model.tie_word_embeddings=false"))

@@ -280,6 +280,26 @@ def test_every_injected_mutation_fails_the_run_naming_what_differed(monkeypatch,
     assert result.mode_tags["mutation"] == kind and result.metrics["verified"] == 0.0
 
 
+@pytest.mark.parametrize("mode_and_attn", [["mode=eager", "dtype=fp32"], ["mode=eager", "dtype=bf16", "attn=flex"]])
+def test_a_rewind_that_clears_the_context_end_fails_only_through_the_context_digest(monkeypatch, mode_and_attn):
+    # at a long context, the context's last K/V zeroed by every rewind moves the logits little, and the free run and
+    # every reference decode from that same damaged context (the fp32 one from a copy of it): only the context's
+    # digest, taken after the prefill and kept apart, sees it
+    from harness.measure import verify as verify_module
+
+    cfg = run_config(*FAST, "device=cpu", "bs=2", "context_len=1000", "cache_len=1280",
+                     "model.tie_word_embeddings=false", *mode_and_attn)
+    clean = measure(cfg)
+    assert clean.failure is None and clean.metrics["context_intact"] == 1.0
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "rewind_clears_context_end")
+    result = measure(cfg)
+    assert result.failure == ("the context's K/V changed after the prefill: 4 slot sums differ, the first at slot 999 "
+                              "of layer 0's keys: a decode, a rewind or a check wrote before the context's end")
+    assert result.metrics["context_intact"] == 0.0 and result.metrics["verified"] == 0.0
+    monkeypatch.setattr(verify_module, "_context_changed", lambda stepper, metrics: None)
+    assert measure(cfg).failure is None  # what the checks before it let through
+
+
 def test_an_unmutated_run_verifies_every_block():
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "repeats=3", "stop=repeats"))
     m = result.metrics

@@ -26,7 +26,7 @@ from harness.measure.roofline import ceilings, floor, implementation_bytes, slot
 from harness.measure import mutations
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
 from harness.measure.timing import run_steps, timed_decode, warm_up
-from harness.measure.verify import loop_reference, loop_serves_as_reference, verified_steps, verify
+from harness.measure.verify import context_digest, loop_reference, loop_serves_as_reference, verified_steps, verify
 
 
 SLOW_MS = 20.0  # what HARNESS_INJECT_FAULT=slow adds to each step
@@ -180,6 +180,7 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
         stepper.restart(prompt)
     phases["prefill_tokens_per_s"] = prompt.numel() / phases["prefill_ms"] * 1e3  # time to first token at this context
+    stepper.prefilled_context_digest = context_digest(stepper)  # what verification finds the context intact against
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None

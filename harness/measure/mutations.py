@@ -15,7 +15,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 # inside mode=fused's own kernels, which patching the model's modules cannot reach: RoPE one position ahead in
 # decode (prefill right), and the new token's K/V never appended to the cache
 FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost")
-KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *FUSED_KERNEL_FAULTS)
+# a rewind that clears the decoded slots from one slot too early: the context's last K/V zeroed in every layer, from
+# the first rewind on (blocks after the first, the checks), where the free run and every reference that decodes in the
+# run's cache read the same damaged context
+REWIND_FAULTS = ("rewind_clears_context_end",)
+KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *REWIND_FAULTS,
+         *FUSED_KERNEL_FAULTS)
 
 
 def requested(mode: str) -> str | None:
@@ -94,6 +99,11 @@ class MutatedStepper:
     def rewind(self):
         self.inner.rewind()
         self.calls = 0
+        if self.kind == "rewind_clears_context_end":
+            last = self.inner.context_len - 1
+            for layer in self.inner.cache.layers:
+                layer.keys[:, :, last:].zero_()
+                layer.values[:, :, last:].zero_()
 
     def step(self):
         self.calls += 1

@@ -22,6 +22,9 @@ shape computed for the very same tokens is taken as it is (references.py): in a 
   context (`fp32_rows_checked`), after the run's cache is freed, and takes every step's logits from forwards over
   the run's tokens (teacher forcing), not a step at a time; plain eager's decode, the bound's unit, takes those
   rows' context K/V as they are, in a cache of its own, and decodes step by step as the run does.
+- The context itself: every reference decodes from it, so it is checked against a digest taken after the
+  prefill and kept apart (each slot's K/V summed per layer, `context_digest`), which must be unchanged after the timed
+  blocks and the free run.
 """
 from __future__ import annotations
 
@@ -95,6 +98,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
     steps = verified_steps(cfg.attn, prompt.shape[1], cfg.cache_len)
     run = _free_run(stepper, calls_for(stepper, steps))
+    failure = failure or _context_changed(stepper, metrics)
     references.new_job()
     if exact:
         applied.append("eager")
@@ -158,6 +162,34 @@ def _rewound_to_the_context(stepper, context_len: int) -> str | None:
         return (f"after a rewind the cache writes at slot {', '.join(map(str, positions))}, not after the "
                 f"{context_len} context tokens: the timed blocks after the first decoded from a wrong position")
     return None
+
+
+def context_digest(stepper) -> torch.Tensor:
+    """The context's K/V summed per slot in fp32, for every layer's keys and values [layers x 2, context]. The job takes
+    it right after the prefill, kept apart from the cache, so that verification can tell whether anything wrote into
+    the context since. Every reference decodes from that context (in the run's cache, or from a copy of it taken at
+    verification), so a write into it (a rewind that clears one slot too many, an append at a wrong slot) would
+    move the run and its references alike."""
+    ctx = stepper.context_len
+    return torch.stack([t[:, :, :ctx].sum(dim=(0, 1, 3), dtype=torch.float32)
+                        for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
+
+
+def _context_changed(stepper, metrics: dict) -> str | None:
+    """After the timed blocks and the free run, the context's K/V must be what the prefill left, slot by slot: each
+    slot's sum over rows, heads and dims is compared bit for bit with the one taken after the prefill (a sum of the very
+    same values, in the same order). Not applied where the job took no digest (a stepper driven by a test)."""
+    before = getattr(stepper, "prefilled_context_digest", None)
+    if before is None:
+        return None
+    changed = (context_digest(stepper) != before).nonzero()  # a sync: after timing
+    metrics["context_intact"] = float(changed.numel() == 0)
+    if changed.numel() == 0:
+        return None
+    row, slot = int(changed[0, 0]), int(changed[0, 1])
+    layer, which = row // 2, ("keys", "values")[row % 2]
+    return (f"the context's K/V changed after the prefill: {changed.shape[0]} slot sums differ, the first at slot {slot} "
+            f"of layer {layer}'s {which}: a decode, a rewind or a check wrote before the context's end")
 
 
 def _free_run(stepper, calls: int) -> Trace:
