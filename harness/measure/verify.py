@@ -376,10 +376,9 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | Non
     public studies of decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a
     long context is paid. Both decode the rows fp32 checks, and no more (at a long context, one or two of a batch
     of 32): plain eager step by step, the decode whose rounding is the bound's unit, fp32 in forwards over the
-    known tokens. A kept reference serves only a job whose context K/V sum to the very same values, layer by layer."""
+    known tokens. A kept reference serves only a job whose context K/V sum to the very same values, slot by slot."""
     k = stepper.tokens_per_step
-    sums = torch.stack([t[:, :, :stepper.context_len].float().sum()
-                        for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
+    sums = context_digest(stepper)  # per slot, summed in fp32 without an fp32 copy of the context
     context = _context_copy(model, stepper)  # frees the run's cache
     plain = _plain_reference(model, prompt, cfg, context, run, sums, k)
     every_step = _fp32_reference(model, prompt, cfg, context, run, sums)
