@@ -59,6 +59,20 @@ def test_a_block_holds_what_the_budget_does_at_the_warm_ups_pace_and_never_fewer
     assert block_steps(_pace(), pace_ms=None) == (128, None)  # a warm-up of one call or none has no pace: no cut
 
 
+def test_a_block_is_cut_to_the_kept_loop_of_its_shape_where_that_loop_is_shorter_and_no_rule_forbids_it():
+    # a graphed job after an eager one whose slow steps cut its block to 73: 73 steps, so that eager's loop serves
+    steps, why = block_steps(_pace(), pace_ms=12.8, at_least=22, reference_steps=73)
+    assert steps == 73 and why == ("73 steps a block, not 128: as many as the loop of an earlier job of this shape "
+                                   "decoded, whose logits serve as this run's reference")
+    assert block_steps(_pace(), pace_ms=48.0, at_least=22, reference_steps=73)[0] == 73  # shorter than the budget's 104
+    assert block_steps(_pace(), pace_ms=12.8, reference_steps=128) == (128, None)  # as long already
+    assert block_steps(_pace(), pace_ms=330.0, reference_steps=73)[0] == 32  # the budget's cut is shorter: it stands
+    assert block_steps(_pace(), pace_ms=12.8, reference_steps=31)[0] == 128  # under MIN_BLOCK_STEPS: no cut
+    assert block_steps(_pace(), pace_ms=12.8, at_least=40, reference_steps=35)[0] == 128  # under what the lockstep needs
+    assert block_steps(_pace(graph_steps=4), pace_ms=12.8, reference_steps=73)[0] == 128  # not whole 4-step calls
+    assert block_steps(_pace(stop="repeats"), pace_ms=12.8, reference_steps=73) == (128, None)
+
+
 def test_the_warm_ups_pace_is_its_second_half_so_a_slow_first_call_does_not_cut_a_block():
     _, model, prompt = tiny_fp32()
     stepper = EagerStepper(model, prompt, 64)
@@ -110,6 +124,26 @@ def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_it
         assert again.metrics[key] == first.metrics[key], key
     other = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "seed=1", "model.tie_word_embeddings=false"))
     assert other.failure is None and references.hits["computed"] > computed  # another prompt: its own references
+
+
+def test_the_next_job_of_a_shape_times_blocks_as_long_as_the_kept_loop_so_that_it_decodes_no_eager_again(monkeypatch):
+    # plain eager's block cut to 32 steps by its (slow) pace; the next job of the shape would time 48, and then its
+    # token check would decode eager over all 50 of its tokens, where the kept loop covers 34
+    shape = [*FAST, "device=cpu", "dtype=fp32", "bs=2", "decode_tokens=48", "cache_len=128",
+             "model.tie_word_embeddings=false"]
+    eager = measure(run_config(*shape, "time_budget_s=0.001"))
+    assert eager.failure is None and eager.metrics["block_steps"] == 32
+    monkeypatch.setattr("harness.measure.job.loop_serves_as_reference", lambda stepper, exact: False)  # as graphed
+    computed = references.hits["computed"]
+    follower = measure(run_config(*shape))
+    assert follower.failure is None and follower.metrics["block_steps"] == 32 and len(follower.step_ms) == 32
+    assert follower.mode_tags["block_cut"].startswith("32 steps a block, not 48: as many as the loop of an earlier job")
+    assert references.hits["computed"] == computed and follower.metrics["decoded_tokens_checked"] == 2 * 34
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "stale_token")  # the cut block still fails a fault
+    assert measure(run_config(*shape)).failure.startswith("logits differ from eager's")
+    monkeypatch.delenv("HARNESS_INJECT_MUTATION")
+    other = measure(run_config(*shape, "seed=1"))  # another prompt: no loop kept for it, the whole block
+    assert other.failure is None and other.metrics["block_steps"] == 48 and "block_cut" not in other.mode_tags
 
 
 # warm-up and first block cover the 32 verified steps: plain eager's loop holds every reference its checks need

@@ -23,7 +23,7 @@ from harness.modes import spec
 from harness.modes.base import DecodeMode
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
-from harness.measure import mutations
+from harness.measure import mutations, references
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
 from harness.measure.timing import run_steps, timed_decode, warm_up
 from harness.measure.verify import context_digest, loop_reference, loop_serves_as_reference, verified_steps, verify
@@ -90,7 +90,8 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     loop = []  # plain eager's loop as its own check's reference (verify.LoopReference), built after the first block
     checked = verified_steps(cfg.attn, cfg.context_len, cfg.cache_len)
     # the lockstep's steps past the warm-up, decoded in the first block too: one eager pass serves both checks
-    steps = _block_steps(cfg, phases.get("warmup_pace_ms"), checked - warm_tokens.shape[0], stepper.tags)
+    steps = _block_steps(cfg, phases.get("warmup_pace_ms"), checked - warm_tokens.shape[0], stepper.tags,
+                         _kept_loop_steps(model, prompt, stepper, mode.exact, warm_tokens.shape[0]))
 
     def first_block(block) -> None:
         loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), checked))
@@ -122,11 +123,21 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
-def _block_steps(cfg: RunConfig, pace_ms: float | None, at_least: int, tags: dict) -> int:
-    steps, cut = block_steps(cfg, pace_ms, at_least)
+def _block_steps(cfg: RunConfig, pace_ms: float | None, at_least: int, tags: dict,
+                 reference_steps: int | None) -> int:
+    steps, cut = block_steps(cfg, pace_ms, at_least, reference_steps)
     if cut is not None:
         tags["block_cut"] = cut
     return steps
+
+
+def _kept_loop_steps(model, prompt, stepper, exact: bool, warm_tokens: int) -> int | None:
+    """The steps past the warm-up of the loop an earlier job of this shape, prompt and first token left as the token
+    check's reference (plain eager's own loop, in a sweep), where this run's check is eager's (an exact mode)."""
+    if not exact:
+        return None
+    kept = references.kept_length("gaps", references.shape_of(model, stepper), [prompt, stepper.first_ids])
+    return None if kept is None else kept - warm_tokens
 
 
 def _timed_blocks(cfg: RunConfig, steps: int, stepper, device, on_phase, keep_logits: list | None = None,

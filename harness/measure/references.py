@@ -74,6 +74,15 @@ def kept(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int) -> boo
     return entry is not None and entry.shape == shape and index < len(entry.passes) and _same(entry.inputs, _host(inputs))
 
 
+def kept_length(kind: str, shape: tuple, leading: list[torch.Tensor]) -> int | None:
+    """How many tokens the kept reference of this kind was fed (its last input's length), where its shape and its
+    leading inputs (the prompt, the first token) are these: the length a decode's tokens need for it to serve."""
+    entry = _kept.get(kind)
+    if entry is None or not entry.passes or entry.shape != shape or not _same(entry.inputs[:len(leading)], _host(leading)):
+        return None
+    return entry.inputs[-1].shape[0]
+
+
 def put(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, result, computed: bool = True) -> None:
     """Keep a decode computed for these inputs by other means (one pass that served two references), or, with
     computed=False, one the verification did not compute at all (plain eager's own timed loop)."""

@@ -114,12 +114,27 @@ def ci_pct(blocks: list[list[float]]) -> float:
 MIN_BLOCK_STEPS = 32
 
 
-def block_steps(cfg, pace_ms: float | None, at_least: int = MIN_BLOCK_STEPS) -> tuple[int, str | None]:
+def block_steps(cfg, pace_ms: float | None, at_least: int = MIN_BLOCK_STEPS,
+                reference_steps: int | None = None) -> tuple[int, str | None]:
     """Steps each timed block decodes, and why they are fewer than decode_tokens (else None). Under stop=adaptive,
     where the warm-up's pace (ms a step, timing.warm_up) says a block of decode_tokens would alone pass time_budget_s
     (a GPU-bound step of 40 ms and more: long context in a masked kernel, a large MoE), a block decodes what the
     budget holds, and at least MIN_BLOCK_STEPS and `at_least` (the steps the checks compare against the loop's own).
-    The loop's tokens, every one of which is checked, are the fewer with it."""
+    The loop's tokens, every one of which is checked, are the fewer with it.
+    `reference_steps`: the block of an earlier job of this shape whose loop is kept as a reference (plain eager's,
+    cut to its slower pace). Under stop=adaptive a longer block is cut to it, whole calls and no fewer steps than the
+    rules above ask, so that the kept loop serves this run's token check as it is; a longer block would have the
+    check decode eager again over all of its steps, at eager's pace, to check the steps the kept loop lacks."""
+    steps, why = _budget_steps(cfg, pace_ms, at_least)
+    k = max(1, cfg.graph_steps)
+    if (cfg.stop == "adaptive" and reference_steps is not None and reference_steps % k == 0
+            and max(MIN_BLOCK_STEPS, at_least) <= reference_steps < steps):
+        return reference_steps, (f"{reference_steps} steps a block, not {steps}: as many as the loop of an earlier "
+                                 f"job of this shape decoded, whose logits serve as this run's reference")
+    return steps, why
+
+
+def _budget_steps(cfg, pace_ms: float | None, at_least: int) -> tuple[int, str | None]:
     if cfg.stop != "adaptive" or not pace_ms:
         return cfg.decode_tokens, None
     fit = int(cfg.time_budget_s * 1e3 / pace_ms)
