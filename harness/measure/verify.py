@@ -452,8 +452,8 @@ def _teacher_forced(stepper, tokens: torch.Tensor) -> torch.Tensor:
     """Every step's logits [steps, rows, vocab] of a decode fed `tokens` [steps, rows] after the stepper's first
     token, from forwards over those known tokens: each position attends to the very history a step-by-step decode
     gives it (the context, then the tokens before it: causal), so the logits are that decode's up to the rounding of
-    other GEMM shapes (in fp32, about 1e-6 of a logit), at one forward's cost where steps would pay a step's host
-    time each (an MoE's eager experts loop, 32 times over). In chunks whose mask and logits fit."""
+    other GEMM shapes (in fp32, a few millionths of the largest logit), at one forward's cost where steps would pay
+    a step's host time each (an MoE's eager experts loop, 32 times over). In chunks whose mask and logits fit."""
     steps, rows = tokens.shape
     ids = torch.cat([stepper.first_ids, tokens[:-1].T.to(stepper.first_ids.device)], dim=1)  # [rows, steps]
     per_token = rows * stepper.model.config.vocab_size * 4
