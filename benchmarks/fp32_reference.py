@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import models  # noqa: E402
-from harness.clock import resolve_device  # noqa: E402
+from harness.clock import resolve_device, stopwatch  # noqa: E402
 from harness.measure import verify  # noqa: E402
 from harness.measure.job import seeded_prompt  # noqa: E402
 from harness.measure.timing import calls_for  # noqa: E402
 from harness.modes.eager import EagerStepper  # noqa: E402
 from tests.support import run_config  # noqa: E402
-
-
-def _seconds(device: torch.device, compute):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    out = compute()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started, out
 
 
 @torch.inference_mode()
@@ -50,14 +39,16 @@ def main(overrides: list[str], rounds: int) -> None:
           f"{context.rows} rows over {tokens.shape[0]} steps")
     plain = verify._decode_from(model, prompt, cfg, context, tokens).float()
     for round_index in range(rounds):
+        ms: dict[str, float] = {}
         with verify.computed_in_fp32(model):
-            by_steps_s, by_steps = _seconds(device, lambda: verify._decode_from(
-                model, prompt, cfg, context, tokens, dtype=torch.float32).float())
-            forwards_s, forwards = _seconds(device, lambda: verify._decode_from(
-                model, prompt, cfg, context, tokens, dtype=torch.float32, step_by_step=False).float())
+            with stopwatch(device, ms, "steps"):
+                by_steps = verify._decode_from(model, prompt, cfg, context, tokens, dtype=torch.float32).float()
+            with stopwatch(device, ms, "forwards"):
+                forwards = verify._decode_from(model, prompt, cfg, context, tokens, dtype=torch.float32,
+                                               step_by_step=False).float()
         apart = float((forwards - by_steps).abs().max())
-        print(f"round {round_index}: step by step {by_steps_s:.2f} s, teacher-forced {forwards_s:.2f} s "
-              f"({by_steps_s / forwards_s:.1f}x); logits apart by {apart:.3g} (largest logit "
+        print(f"round {round_index}: step by step {ms['steps'] / 1e3:.2f} s, teacher-forced {ms['forwards'] / 1e3:.2f} s "
+              f"({ms['steps'] / ms['forwards']:.1f}x); logits apart by {apart:.3g} (largest logit "
               f"{float(by_steps.abs().max()):.3g}; bf16 eager's own error from fp32 "
               f"{float((plain - by_steps).abs().max()):.3g})")
 
