@@ -296,7 +296,7 @@ def test_a_rewind_that_clears_the_context_end_fails_only_through_the_context_dig
     assert result.failure == ("the context's K/V changed after the prefill: 4 slot sums differ, the first at slot 999 "
                               "of layer 0's keys: a decode, a rewind or a check wrote before the context's end")
     assert result.metrics["context_intact"] == 0.0 and result.metrics["verified"] == 0.0
-    monkeypatch.setattr(verify_module, "_context_changed", lambda stepper, metrics: None)
+    monkeypatch.setattr(verify_module, "_context_changed", lambda stepper, digest, metrics: None)
     assert measure(cfg).failure is None  # what the checks before it let through
 
 

@@ -98,7 +98,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
     steps = verified_steps(cfg.attn, prompt.shape[1], cfg.cache_len)
     run = _free_run(stepper, calls_for(stepper, steps))
-    failure = failure or _context_changed(stepper, metrics)
+    digest = context_digest(stepper)  # the context as the checks find it, once: fp32's kept reference is keyed by it
+    failure = failure or _context_changed(stepper, digest, metrics)
     references.new_job()
     if exact:
         applied.append("eager")
@@ -110,7 +111,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     # fp32 is fed the run's tokens, every step's: a stepper that decodes several a call must show each of them
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
-        failure = failure or _against_fp32(model, prompt, stepper, cfg, run, metrics)
+        failure = failure or _against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
     if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics)):
         failure = failure or plan
     stepper.release()
@@ -175,14 +176,14 @@ def context_digest(stepper) -> torch.Tensor:
                         for layer in stepper.cache.layers for t in (layer.keys, layer.values)])
 
 
-def _context_changed(stepper, metrics: dict) -> str | None:
+def _context_changed(stepper, digest: torch.Tensor, metrics: dict) -> str | None:
     """After the timed blocks and the free run, the context's K/V must be what the prefill left, slot by slot: each
     slot's sum over rows, heads and dims is compared bit for bit with the one taken after the prefill (a sum of the very
     same values, in the same order). Not applied where the job took no digest (a stepper driven by a test)."""
     before = getattr(stepper, "prefilled_context_digest", None)
     if before is None:
         return None
-    changed = (context_digest(stepper) != before).nonzero()  # a sync: after timing
+    changed = (digest != before).nonzero()  # a sync: after timing
     metrics["context_intact"] = float(changed.numel() == 0)
     if changed.numel() == 0:
         return None
@@ -370,15 +371,15 @@ def _unpadded_agreement(model, prompt, cfg, rows: int) -> dict[str, float]:
     return {"unpadded_token_agreement": same / (VERIFY_TOKENS * prompt.shape[0]), "unpadded_max_logit_diff": diff}
 
 
-def _against_fp32(model, prompt, stepper, cfg, run: Trace, metrics) -> str | None:
+def _against_fp32(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor, metrics) -> str | None:
     """The run's logits and plain eager's (this dtype, sdpa) against fp32's, all given the run's tokens, all from
     the run's prefilled context: plain eager and the fp32 decode take the run's context K/V (fp32's upcast, as the
     public studies of decode fidelity do), so that the three differ in their decode only, and no fp32 prefill of a
     long context is paid. Both decode the rows fp32 checks, and no more (at a long context, one or two of a batch
     of 32): plain eager step by step, the decode whose rounding is the bound's unit, fp32 in forwards over the
-    known tokens. A kept reference serves only a job whose context K/V sum to the very same values, slot by slot."""
+    known tokens. A kept reference serves only a job whose context K/V sum to the very same values, slot by slot
+    (`sums`, context_digest's)."""
     k = stepper.tokens_per_step
-    sums = context_digest(stepper)  # per slot, summed in fp32 without an fp32 copy of the context
     context = _context_copy(model, stepper)  # frees the run's cache
     plain = _plain_reference(model, prompt, cfg, context, run, sums, k)
     every_step = _fp32_reference(model, prompt, cfg, context, run, sums)
