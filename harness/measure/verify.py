@@ -220,7 +220,8 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     """Plain eager decodes of the same rows, fed the run's tokens: the run may differ from the first no more than
     eager differs from itself, which is not at all where its kernels are deterministic. Where the run differs at
     all, a second eager decode measures that variation, and before failing a run, RECHECKS more: where eager varies
-    only now and then (seen on the H200), two passes may agree by chance. A variation an earlier job of the same
+    only now and then (cuDNN's attention, where torch's SDPA dispatches to it on the H200:
+    benchmarks/eager_variation.py), two passes may agree by chance. A variation an earlier job of the same
     shape and prompt measured (the kernels' nondeterminism there, whatever tokens it fed) serves a run within twice
     it; a run beyond is judged on variation measured again in its own cache."""
     k = stepper.tokens_per_step
