@@ -70,17 +70,15 @@ def reference(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, c
 
 def kept(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int) -> bool:
     """Whether the `index`-th decode for these inputs is kept (without counting a hit)."""
-    entry = _kept.get(kind)
-    return entry is not None and entry.shape == shape and index < len(entry.passes) and _same(entry.inputs, _host(inputs))
+    entry = _matching(kind, shape, _host(inputs))
+    return entry is not None and index < len(entry.passes)
 
 
 def kept_length(kind: str, shape: tuple, leading: list[torch.Tensor]) -> int | None:
     """How many tokens the kept reference of this kind was fed (its last input's length), where its shape and its
     leading inputs (the prompt, the first token) are these: the length a decode's tokens need for it to serve."""
-    entry = _kept.get(kind)
-    if entry is None or not entry.passes or entry.shape != shape or not _same(entry.inputs[:len(leading)], _host(leading)):
-        return None
-    return entry.inputs[-1].shape[0]
+    entry = _matching(kind, shape, _host(leading), leading_only=True)
+    return entry.inputs[-1].shape[0] if entry is not None and entry.passes else None
 
 
 def put(kind: str, shape: tuple, inputs: list[torch.Tensor], index: int, result, computed: bool = True) -> None:
@@ -104,11 +102,22 @@ def passes_of_one_earlier_job(kind: str) -> int:
 
 
 def _entry(kind: str, shape: tuple, inputs: list[torch.Tensor]) -> _Entry:
+    """The kept entry of this kind for this shape and these inputs, a fresh one (replacing it) where it is not."""
     host = _host(inputs)
-    entry = _kept.get(kind)
-    if entry is None or entry.shape != shape or not _same(entry.inputs, host):
+    entry = _matching(kind, shape, host)
+    if entry is None:
         entry = _kept[kind] = _Entry(shape, host)
     return entry
+
+
+def _matching(kind: str, shape: tuple, host: list[torch.Tensor], leading_only: bool = False) -> _Entry | None:
+    """The kept entry of this kind where its shape and its inputs are these (host tensors; with leading_only, its
+    first len(host) inputs), else None."""
+    entry = _kept.get(kind)
+    if entry is None or entry.shape != shape:
+        return None
+    theirs = entry.inputs[:len(host)] if leading_only else entry.inputs
+    return entry if _same(theirs, host) else None
 
 
 def _add(entry: _Entry, index: int, result, computed: bool = True) -> None:
@@ -132,10 +141,8 @@ def note_variation(shape: tuple, inputs: list[torch.Tensor], logits_diff: float)
 
 def variation(shape: tuple, inputs: list[torch.Tensor]) -> float | None:
     """Eager's variation an earlier job measured for this shape and prompt, or None."""
-    entry = _kept.get("variation")
-    if entry is None or entry.shape != shape or not entry.passes or not _same(entry.inputs, _host(inputs)):
-        return None
-    return entry.passes[0]
+    entry = _matching("variation", shape, _host(inputs))
+    return entry.passes[0] if entry is not None and entry.passes else None
 
 
 def drop(kind: str) -> None:
