@@ -59,6 +59,8 @@ def test_the_ab_repeats_in_fresh_processes(workdir):
     result = json.loads((workdir / "two" / "ab.json").read_text())
     assert result["processes"] == 2 and result["pairs"] == 4 and len(result["blocks_b_ms"]) == 4
     assert (workdir / "two" / "ab.md").read_text().startswith("# A/B, paired in each of 2 processes")
+    # eager arms compile nothing: their preparation is timed, and no compile cache line is claimed for them
+    assert result["prepared"] == [[], []] and all(s > 0 for s in result["prepare_s"])
     assert cli.main(["ab", "cache_len=64", "cache_len=64", *TINY, "--processes", "0"]) == 2
 
 
@@ -116,3 +118,17 @@ def test_an_arm_that_cannot_run_here_is_one_line(workdir, capsys):
     assert len(err) == 1 and "mode=graphed needs a CUDA GPU" in err[0]
     assert cli.main(["ab", "bs=1", "bs=2", *TINY, "decode_tokens=16", "--pairs", "1"]) == 2
     assert "--pairs=1: use at least 2" in capsys.readouterr().err
+
+
+def test_a_compiled_arm_says_whether_its_kernels_were_compiled_or_read_from_the_cache(workdir, monkeypatch):
+    # two machines' A/Bs of one compiled config ran the same kernels only where the second read the first's cache
+    for variable, folder in (("HARNESS_CACHE_DIR", ""), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        monkeypatch.setenv(variable, str(workdir / "cache" / folder))  # a cold cache, whatever torch's imports set
+    arms = ["+inductor.epilogue_fusion=false", "+inductor.epilogue_fusion=true"]
+    common = [*TINY, "mode=compiled-nograph", "dtype=fp32", "decode_tokens=4", "--pairs", "2", "--threshold", "50%"]
+    assert cli.main(["ab", *arms, *common, "--processes", "2", "--out", "cold"]) in (0, 1)
+    cold = json.loads((workdir / "cold" / "ab.json").read_text())
+    first, second = zip(*cold["prepared"])  # each arm's line from each process
+    assert all(line.startswith("0 of") and not line.endswith(" 0 compiled") for line in first), first  # cold
+    assert all(not line.startswith("0 of") and line.endswith(" 0 compiled") for line in second), second  # read
+    assert "prepared in" in (workdir / "cold" / "ab.md").read_text()

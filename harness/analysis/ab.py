@@ -44,6 +44,8 @@ class AbResult:
     block_spread_b_pct: float  # is what widens the interval
     pairs_to_decide: int | None  # where ambiguous: about how many pairs would decide it (None: it sits on a bound)
     processes: int = 1  # fresh processes the A/B ran in, one after another (`pairs` counts every process's)
+    prepare_s: tuple[float, float] = (0.0, 0.0)  # each arm's preparation (a compile, a capture), every process's
+    prepared: tuple[list, list] = ([], [])  # each compiled arm's compile cache use, a line per process
 
 
 def verdict(low: float, high: float, threshold: float) -> str:
@@ -96,7 +98,8 @@ def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owner
                     ratio, low, high, threshold, decided, len(blocks_a), environment,
                     block_spread_pct(blocks_a), block_spread_pct(blocks_b),
                     pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if decided == "ambiguous" else None,
-                    len(set(owners or [0])))
+                    len(set(owners or [0])), (arm_a.prepare_ms / 1e3, arm_b.prepare_ms / 1e3),
+                    (arm_a.prepared, arm_b.prepared))
 
 
 def markdown(r: AbResult) -> str:
@@ -110,9 +113,17 @@ def markdown(r: AbResult) -> str:
         f"- verdict at ±{100 * r.threshold:g}%: **{r.verdict}**" + _undecided(r),
         f"- block medians scatter by {r.block_spread_a_pct:.2f}% (A) and {r.block_spread_b_pct:.2f}% (B), sd of "
         "their median: the noisier arm is what widens the interval",
+        *_preparation(r),
         f"- on {r.environment.get('gpu_name') or r.environment.get('device')} "
         f"{r.environment.get('gpu_uuid', '')}, torch {r.environment.get('torch')}",
         "- neither arm is verified here: run each as a job (`python -m harness KEY=...`) for its checks", ""])
+
+
+def _preparation(r: AbResult) -> list[str]:
+    """How each arm was prepared: seconds, and for a compiled arm whether its kernels were compiled here or read
+    from the compile cache (two machines' A/Bs of one compiled config ran the same kernels only where read)."""
+    how = [f"; {'; '.join(lines)}" if lines else "" for lines in r.prepared]
+    return [f"- prepared in {r.prepare_s[0]:.1f} s (A{how[0]}) and {r.prepare_s[1]:.1f} s (B{how[1]})"]
 
 
 def _undecided(r: AbResult) -> str:

@@ -33,6 +33,7 @@ class Arm:
     cfg: RunConfig
     blocks: list = field(default_factory=list)  # its DecodeTimings, in the order they ran
     prepare_ms: float = 0.0
+    prepared: list[str] = field(default_factory=list)  # per process: where its compiled kernels came from, if any
 
 
 def balanced_order(pairs: int) -> list[str]:
@@ -83,9 +84,10 @@ def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, proce
         on_phase(f"process {index + 1}/{processes}: starting a fresh interpreter")
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             blocks, prepared, env = pool.submit(_in_a_fresh_process, cfg_a, cfg_b, pairs).result()
-        for arm, its_blocks, prepare_ms in zip(arms, blocks, prepared):
+        for arm, its_blocks, (prepare_ms, how) in zip(arms, blocks, prepared):
             arm.blocks += [DecodeTiming(*block, tokens=torch.empty(0)) for block in its_blocks]
             arm.prepare_ms += prepare_ms
+            arm.prepared += how
         owners += [index] * pairs
         environment = environment or env
     return *arms, environment, owners
@@ -97,7 +99,7 @@ def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple
 
     arm_a, arm_b, environment = time_arms(cfg_a, cfg_b, pairs, on_phase=lambda phase: say(f"ab: {phase}"))
     blocks = tuple([(t.step_ms, t.wall_ms, t.clock, t.tokens_per_call) for t in arm.blocks] for arm in (arm_a, arm_b))
-    return blocks, (arm_a.prepare_ms, arm_b.prepare_ms), environment
+    return blocks, tuple((arm.prepare_ms, arm.prepared) for arm in (arm_a, arm_b)), environment
 
 
 def _prepare(arm: Arm, device: torch.device):
@@ -108,4 +110,6 @@ def _prepare(arm: Arm, device: torch.device):
     phases: dict[str, float] = {}
     stepper, *_ = run_phases(cfg, loaded.model, mode, prompt, device, lambda phase: None, phases)
     arm.prepare_ms = phases["prepare_ms"]
+    if "compile_cache" in stepper.tags:  # a compiled arm: were its kernels compiled here, or read from the cache?
+        arm.prepared.append(stepper.tags["compile_cache"])
     return stepper
