@@ -181,6 +181,35 @@ def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     assert len(result.step_ms) == 8
 
 
+@pytest.mark.slow
+def test_compile_regions_traces_one_layer_for_all_and_decodes_as_the_whole_model():
+    """A bug this catches: the layers' region not in force while the step is traced (Dynamo traces all four layers,
+    as a whole-model compile does), or one layer's code reused with another's cache (the run then fails its checks)."""
+    from torch._dynamo.utils import counters
+
+    captured = {}
+    for regions in ("false", "true"):
+        torch._dynamo.reset()  # trace again: the first run's compiled code would serve the second otherwise
+        before = counters["stats"]["calls_captured"]
+        result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32",
+                                    "model.num_hidden_layers=4", f"compile_regions={regions}"))
+        assert result.failure is None and result.metrics["verified"] == 1.0
+        assert result.metrics["fp32_max_logit_err"] <= result.metrics["fp32_err_bound"]
+        captured[regions] = counters["stats"]["calls_captured"] - before
+    # a whole-model trace records each layer's calls; the regional one, one layer's and the model's own
+    assert captured["true"] < captured["false"] / 2, captured
+    from harness.modes.compiled import _Regions
+    assert _Regions.on is False  # an eager decode after a regional step runs the layers' own forward
+
+
+def test_compile_regions_applies_to_the_compiled_modes_only():
+    assert run_config(*FAST, "mode=compiled", "compile_regions=true").label.endswith("compiled regional")
+    graphed = run_config(*FAST, "mode=graphed", "compile_regions=true")  # a preset sweeping modes sets it for all
+    assert graphed.compile_regions is False and graphed.label.endswith(" graphed")
+    stored = {"bs": 1, "mode": "compiled", "compile_mode": None}  # a config saved before the key existed
+    assert config_hash({**stored, "compile_regions": False}) == config_hash(stored)
+
+
 class ThrowawayStepper(EagerStepper):
     """A mode that exists only in this test: eager steps, reported under another name."""
 

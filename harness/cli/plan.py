@@ -51,8 +51,8 @@ def identity_of(cfg, varying=()) -> tuple[str, str]:
     the sweep varies, as a run's does); a job the schema refuses says why."""
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     run = to_run_config(cfg)  # a ConfigError here: the line names the bad value
-    config["cache_len"] = run.cache_len
-    label = run_label({**flatten(config), "cache_len": run.cache_len}, varying) if varying else run.label
+    config.update(run.derived())
+    label = run_label(flatten(config), varying) if varying else run.label
     return label, config_hash(config)
 
 

@@ -68,7 +68,7 @@ def execute(cfg: DictConfig, ctx: JobContext) -> JobRecord:
 def _run(cfg: DictConfig, ctx: JobContext, record: JobRecord, progress) -> None:
     try:
         run_cfg = to_run_config(cfg)
-        record.config["cache_len"] = run_cfg.cache_len  # derived where unset: what ran, and what a rerun repeats
+        record.config.update(run_cfg.derived())  # what ran, and what a rerun repeats
         record.label = redact(run_label(flatten(record.config), record.varying))
         record.config_hash = config_hash(record.config)
         if run_cfg.resume and (done := _finished_twin(ctx, record.config_hash)):

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 from harness.modes import MODES
 
 # The keys that name a run's variant, dotted as in a run's MLflow params
-VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode")
+VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode", "compile_regions")
 LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
 # mode=fused's techniques and their defaults (schema.FusedConfig's), each named in a run's label where it differs
 FUSED_SWITCHES = {"fused.pdl": True, "fused.split_k": True, "fused.packed": True, "fused.prefetch": False,
@@ -55,10 +55,11 @@ def run_variant(flat: Mapping[str, Any], varying=()) -> str:
     from a config's VARIANT_KEYS and Inductor options: MLflow params, a flattened result config, or values
     read from a config; then the other keys its sweep varies (`eager dtype=fp32`), so that no two runs of a
     sweep share a name."""
-    mode, steps, fused, attn, compile_mode = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
+    mode, steps, fused, attn, compile_mode, regions = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
     own_attention = MODES[mode].attention if mode in MODES else None  # mode=fused's is triton-decode, always
     extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
               compile_mode if compile_mode not in _UNSET else "",
+              "regional" if regions.lower() == "true" else "",
               "fused" if fused.lower() == "true" else "",
               attn if attn not in (*_UNSET, "sdpa", own_attention) else "",
               *(f"{key.split('.')[1]}={'off' if default else 'on'}" for key, default in FUSED_SWITCHES.items()

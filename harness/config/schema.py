@@ -151,6 +151,10 @@ class RunConfig:
     compile_mode: Optional[str] = None  # torch.compile mode for the compiled modes; None: the mode's default
     # torch._inductor.config options for the compiled modes, over compile_mode's own: +inductor.KEY=VALUE
     inductor: Dict[str, Any] = field(default_factory=dict)
+    # The compiled modes: compile one decoder layer and stamp its code out for every layer of the model
+    # (torch.compiler.nested_compile_region), so that compile time no longer grows with depth; Inductor then fuses
+    # nothing across a layer's edge (what that costs a step: docs/benchmarks.md). Other modes ignore it.
+    compile_regions: bool = False
     fused: FusedConfig = field(default_factory=FusedConfig)  # mode=fused's switches
     resume: bool = False  # skip a job whose identical config already has a FINISHED run in the store
     profile: bool = False  # after the timed steps, profile a few more (kernels, busy/idle, trace)
@@ -207,6 +211,9 @@ class RunConfig:
             _require(self.compile_mode in allowed,
                      f"compile_mode={self.compile_mode} is invalid for mode={self.mode}: "
                      + (f"use one of {', '.join(allowed)}" if allowed else "only the compiled modes take it"))
+        # a mode that compiles nothing runs as if compile_regions were false, so that a preset sweeping modes can set it
+        # for its compiled jobs and leave the others' labels and config hashes as they are
+        self.compile_regions = self.compile_regions and bool(MODES[self.mode].compile_modes)
         self._check_inductor_options()
         self._check_fused()
 
@@ -253,6 +260,12 @@ class RunConfig:
             _require(typing.get_origin(wanted) is not None or isinstance(value, wanted),
                      f"inductor.{key}={value!r} is invalid: torch._inductor.config.{key} takes a "
                      f"{getattr(wanted, '__name__', wanted)}, e.g. inductor.{key}={known[key]!r}")
+
+    def derived(self) -> dict[str, Any]:
+        """The keys the schema decides from others, as it decided them: cache_len where unset, and compile_regions
+        (false in a mode that compiles nothing): a run records these, so that its label, config hash and rerun say
+        what ran."""
+        return {"cache_len": self.cache_len, "compile_regions": self.compile_regions}
 
     def kv_cache_bytes(self) -> int:
         """Bytes of the job's static KV cache: K and V of every layer, row and slot."""

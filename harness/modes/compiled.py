@@ -22,11 +22,45 @@ def inductor_options(compile_mode: str, inductor: dict) -> dict:
     return {**list_mode_options(compile_mode, dynamic=False), **inductor}
 
 
-def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict):
-    """One compiled decode step per (model, compile mode, Inductor options) for the whole process, so that
+class _Regions:
+    """Whether the step being traced compiles each decoder layer as one nested region. Every compiled call sets it
+    (CompiledStepper.step): Dynamo guards on it, so a process holds a step compiled each way, each called as
+    compiled, and an eager decode between them runs the layers' own forward."""
+
+    on = False
+
+
+def _compile_layers_once(model: torch.nn.Module) -> None:
+    """Route each decoder layer class of `model` through torch.compiler.nested_compile_region while _Regions.on:
+    Dynamo then traces one layer, Inductor compiles it once, and every other layer of the same structure calls
+    that code (a layer of another structure gets its own). Outside a compile the region is a plain call."""
+    for layer_class in {type(layer) for layer in decoder_layers(model)}:
+        if getattr(layer_class, "_harness_region", None) is not None:
+            continue
+        own, region = layer_class.forward, torch.compiler.nested_compile_region(layer_class.forward)
+
+        def forward(self, *args, _own=own, _region=region, **kwargs):
+            return (_region if _Regions.on else _own)(self, *args, **kwargs)
+
+        layer_class._harness_region, layer_class.forward = region, forward
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """A transformers causal LM's decoder layers (`model.model.layers`)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
+                        f"decoder-only model")
+    return list(layers)
+
+
+def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, regions: bool = False):
+    """One compiled decode step per (model, compile mode, Inductor options, regions) for the whole process, so that
     later jobs of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
     per_model = _compiled.setdefault(model, {})
-    key = (compile_mode, json.dumps(inductor, sort_keys=True, default=str))
+    key = (compile_mode, json.dumps(inductor, sort_keys=True, default=str), regions)
+    if regions:
+        _compile_layers_once(model)
     if key not in per_model:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
@@ -37,10 +71,10 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict):
 
 
 class CompiledStepper(Stepper):
-    def __init__(self, model, prompt, cache_len, compile_mode: str, inductor: dict):
+    def __init__(self, model, prompt, cache_len, compile_mode: str, inductor: dict, regions: bool = False):
         super().__init__(model, prompt, cache_len, prefill=False)
         torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
-        self.fn = compiled_step(model, compile_mode, inductor)
+        self.fn, self.regions = compiled_step(model, compile_mode, inductor, regions), regions
         # with CUDA graphs, a step's outputs may be overwritten by the next: each step is marked as new
         self.mark_steps = bool(inductor_options(compile_mode, inductor).get("triton.cudagraphs"))
 
@@ -72,7 +106,11 @@ class CompiledStepper(Stepper):
     def step(self):
         if self.mark_steps:  # the last step's outputs may be overwritten: we took its argmax already
             torch.compiler.cudagraph_mark_step_begin()
-        return self.fn(self.model, self.cache, self.static_ids)
+        _Regions.on = self.regions
+        try:
+            return self.fn(self.model, self.cache, self.static_ids)
+        finally:
+            _Regions.on = False
 
 
 class CompiledMode(DecodeMode):
@@ -89,7 +127,8 @@ class CompiledMode(DecodeMode):
 
     def prepare(self, model, prompt, cfg):
         compile_mode = cfg.compile_mode or spec(self.name).compile_modes[0]
-        stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode, cfg.inductor).compile(prompt)
+        stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode, cfg.inductor,
+                                  cfg.compile_regions).compile(prompt)
         stepper.tags["compile_mode"] = compile_mode
         return stepper
 
