@@ -183,13 +183,15 @@ def test_compiled_nograph_runs_on_cpu_and_matches_eager():
 
 @pytest.mark.slow
 def test_compile_regions_traces_one_layer_for_all_and_decodes_as_the_whole_model():
-    """A bug this catches: the layers' region not in force while the step is traced (Dynamo traces all four layers,
-    as a whole-model compile does), or one layer's code reused with another's cache (the run then fails its checks)."""
+    """Bugs this catches: the layers' region not in force while the step is traced (Dynamo traces all four layers,
+    as a whole-model compile does); a whole-model step of the same process served to the regional one, as Dynamo
+    does where the whole-model trace never read the switch (the second run then traces nothing); one layer's code
+    reused with another's cache (the run then fails its checks)."""
     from torch._dynamo.utils import counters
 
     captured = {}
-    for regions in ("false", "true"):
-        torch._dynamo.reset()  # trace again: the first run's compiled code would serve the second otherwise
+    torch._dynamo.reset()  # this process's earlier compiles of the tiny model would serve the first run
+    for regions in ("false", "true"):  # in one process, the model built once, as an A/B's arms
         before = counters["stats"]["calls_captured"]
         result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32",
                                     "model.num_hidden_layers=4", f"compile_regions={regions}"))
@@ -197,9 +199,36 @@ def test_compile_regions_traces_one_layer_for_all_and_decodes_as_the_whole_model
         assert result.metrics["fp32_max_logit_err"] <= result.metrics["fp32_err_bound"]
         captured[regions] = counters["stats"]["calls_captured"] - before
     # a whole-model trace records each layer's calls; the regional one, one layer's and the model's own
-    assert captured["true"] < captured["false"] / 2, captured
+    assert 0 < captured["true"] < captured["false"] / 2, captured
     from harness.modes.compiled import _Regions
     assert _Regions.on is False  # an eager decode after a regional step runs the layers' own forward
+
+
+def test_a_whole_model_step_is_traced_through_the_regions_switch_too():
+    """On the H200 (torch 2.11) an A/B of whole against regional in one process served the whole-model step to the
+    regional arm, which compiled nothing: a step traced before the layers were routed through the switch carried no
+    guard on it. Every compiled step now routes its model's layer classes first, regional or not."""
+    from harness.modes.compiled import compiled_step
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Decoder()
+
+    compiled_step(CausalLM(), "default", {}, regions=False)  # lazy: nothing compiles until a call
+    assert getattr(Layer, "_harness_region", None) is not None
+    assert torch.equal(Layer()(torch.ones(2)), torch.full((2,), 2.0))  # outside a compile, the layer's own forward
+    with pytest.raises(TypeError, match="compile_regions=true needs a transformers decoder-only model"):
+        compiled_step(torch.nn.Linear(2, 2), "default", {}, regions=True)
 
 
 def test_compile_regions_applies_to_the_compiled_modes_only():

@@ -31,7 +31,8 @@ class _Regions:
 
 
 def _compile_layers_once(model: torch.nn.Module) -> None:
-    """Route each decoder layer class of `model` through torch.compiler.nested_compile_region while _Regions.on:
+    """Route each decoder layer class of `model` through torch.compiler.nested_compile_region while _Regions.on
+    (and through its own forward otherwise, a switch that every compiled step reads, so that Dynamo guards on it):
     Dynamo then traces one layer, Inductor compiles it once, and every other layer of the same structure calls
     that code (a layer of another structure gets its own). Outside a compile the region is a plain call."""
     for layer_class in {type(layer) for layer in decoder_layers(model)}:
@@ -46,12 +47,8 @@ def _compile_layers_once(model: torch.nn.Module) -> None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """A transformers causal LM's decoder layers (`model.model.layers`)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
-                        f"decoder-only model")
-    return list(layers)
+    """A transformers causal LM's decoder layers (`model.model.layers`); none for another module."""
+    return list(getattr(getattr(model, "model", None), "layers", None) or [])
 
 
 def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, regions: bool = False):
@@ -59,8 +56,12 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, reg
     later jobs of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
     per_model = _compiled.setdefault(model, {})
     key = (compile_mode, json.dumps(inductor, sort_keys=True, default=str), regions)
-    if regions:
-        _compile_layers_once(model)
+    # either way: a step traced without the layers' switch in its path would carry no guard on it, and Dynamo would
+    # serve that whole-model code to a regional step of the same model (and the other way round)
+    if regions and not decoder_layers(model):
+        raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
+                        f"decoder-only model")
+    _compile_layers_once(model)
     if key not in per_model:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
