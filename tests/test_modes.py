@@ -206,8 +206,9 @@ def test_compile_regions_traces_one_layer_for_all_and_decodes_as_the_whole_model
 
 def test_a_whole_model_step_is_traced_through_the_regions_switch_too():
     """On the H200 (torch 2.11) an A/B of whole against regional in one process served the whole-model step to the
-    regional arm, which compiled nothing: a step traced before the layers were routed through the switch carried no
-    guard on it. Every compiled step now routes its model's layer classes first, regional or not."""
+    regional arm, which compiled nothing. Every compiled step routes its model's layer classes through the switch
+    (so a trace reads it), and the regional step is compiled from a code object of its own (so Dynamo keeps the two
+    steps' compiled code apart whatever it guards): a bug in either shows here."""
     from harness.modes.compiled import compiled_step
 
     class Layer(torch.nn.Module):
@@ -224,8 +225,13 @@ def test_a_whole_model_step_is_traced_through_the_regions_switch_too():
             super().__init__()
             self.model = Decoder()
 
-    compiled_step(CausalLM(), "default", {}, regions=False)  # lazy: nothing compiles until a call
+    model = CausalLM()
+    whole = compiled_step(model, "default", {}, regions=False)  # lazy: nothing compiles until a call
     assert getattr(Layer, "_harness_region", None) is not None
+    # and the two steps are compiled from two code objects, whose compiled code Dynamo keeps apart
+    regional = compiled_step(model, "default", {}, regions=True)
+    codes = {step._torchdynamo_orig_callable.__code__ for step in (whole, regional)}
+    assert len(codes) == 2
     assert torch.equal(Layer()(torch.ones(2)), torch.full((2,), 2.0))  # outside a compile, the layer's own forward
     with pytest.raises(TypeError, match="compile_regions=true needs a transformers decoder-only model"):
         compiled_step(torch.nn.Linear(2, 2), "default", {}, regions=True)

@@ -51,6 +51,13 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(getattr(getattr(model, "model", None), "layers", None) or [])
 
 
+def _regional_step(model: torch.nn.Module, cache, input_ids: torch.Tensor) -> torch.Tensor:
+    """forward_step under a code object of its own: Dynamo keeps compiled code per code object, so a regional step
+    and a whole-model step of one model never serve each other. On the H200 (torch 2.11), a guard on the switch
+    alone did not keep them apart: an A/B's regional arm compiled nothing and ran the whole-model arm's code."""
+    return forward_step(model, cache, input_ids)
+
+
 def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, regions: bool = False):
     """One compiled decode step per (model, compile mode, Inductor options, regions) for the whole process, so that
     later jobs of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
@@ -67,7 +74,7 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, reg
         # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
         # takes a mode or options, not both, so options carry the mode's own
         how = dict(options=inductor_options(compile_mode, inductor)) if inductor else dict(mode=compile_mode)
-        per_model[key] = torch.compile(forward_step, dynamic=False, **how)
+        per_model[key] = torch.compile(_regional_step if regions else forward_step, dynamic=False, **how)
     return per_model[key]
 
 
