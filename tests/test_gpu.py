@@ -193,3 +193,17 @@ def test_a_fault_inside_a_captured_fused_kernel_fails_the_run(monkeypatch, kind)
                                     f"graph_steps={graph_steps}"))
         print(f"{kind}, graph_steps={graph_steps}: {result.failure}")
         assert result.failure is not None and result.metrics["verified"] == 0.0
+
+
+def test_an_ab_of_whole_against_regional_compiles_both_steps():
+    """On the H200 (torch 2.11) this A/B's regional arm once compiled nothing and ran the whole-model arm's code,
+    reported `same`: each arm must say it compiled (or read its own graphs from the cache), and the regional arm
+    must verify as a job on its own."""
+    from harness.measure.ab import time_arms
+
+    common = ("model=tiny", "model.num_hidden_layers=4", "cache_len=256", "decode_tokens=16", "mode=compiled")
+    arm_a, arm_b = run_config(*common, "compile_regions=false"), run_config(*common, "compile_regions=true")
+    a, b = time_arms(arm_a, arm_b, pairs=2)[:2]
+    for arm in (a, b):
+        assert arm.prepared and not any(line.startswith("in process") for line in arm.prepared), arm.prepared
+    assert measure(arm_b).metrics["verified"] == 1.0
