@@ -132,3 +132,19 @@ def test_a_compiled_arm_says_whether_its_kernels_were_compiled_or_read_from_the_
     assert all(line.startswith("0 of") and not line.endswith(" 0 compiled") for line in first), first  # cold
     assert all(not line.startswith("0 of") and line.endswith(" 0 compiled") for line in second), second  # read
     assert "prepared in" in (workdir / "cold" / "ab.md").read_text()
+
+
+def test_an_arm_that_compiled_nothing_is_called_out():
+    """On the H200 a regional arm ran the whole-model arm's code (its line: compiled in process earlier) and the A/B
+    said `same`, with nothing but that line to tell. Bug caught: the warning missing, or raised where both compiled."""
+    from types import SimpleNamespace
+
+    from harness.analysis.ab import _preparation
+    from harness.modes.compiled import COMPILED_EARLIER
+
+    compiled = "0 of 1 graphs from the FX graph cache, 1 compiled"
+    served = SimpleNamespace(prepare_s=(36.1, 0.1), prepared=([compiled], [COMPILED_EARLIER]))
+    both = SimpleNamespace(prepare_s=(36.1, 23.0), prepared=([compiled], [compiled]))
+    eager = SimpleNamespace(prepare_s=(0.5, 0.4), prepared=([], []))
+    assert any("B compiled nothing" in line for line in _preparation(served))
+    assert not any("compiled nothing" in line for r in (both, eager) for line in _preparation(r))

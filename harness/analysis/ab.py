@@ -20,6 +20,7 @@ import numpy as np
 from harness.config.schema import RunConfig, identity
 from harness.measure.ab import Arm, time_arms_in_processes
 from harness.measure.stats import paired_ratio_interval
+from harness.modes.compiled import COMPILED_EARLIER
 from harness.progress import say
 from harness.record import flatten
 from harness.store import tracking
@@ -123,7 +124,13 @@ def _preparation(r: AbResult) -> list[str]:
     """How each arm was prepared: seconds, and for a compiled arm whether its kernels were compiled here or read
     from the compile cache (two machines' A/Bs of one compiled config ran the same kernels only where read)."""
     how = [f"; {'; '.join(lines)}" if lines else "" for lines in r.prepared]
-    return [f"- prepared in {r.prepare_s[0]:.1f} s (A{how[0]}) and {r.prepare_s[1]:.1f} s (B{how[1]})"]
+    lines = [f"- prepared in {r.prepare_s[0]:.1f} s (A{how[0]}) and {r.prepare_s[1]:.1f} s (B{how[1]})"]
+    reused = [COMPILED_EARLIER in arm for arm in r.prepared]
+    if reused[1] and not reused[0]:
+        # on the H200 (torch 2.11), a regional arm ran the whole-model arm's code this way and the A/B said `same`
+        lines.append("- **B compiled nothing: it ran a step compiled earlier in its process, which is A's where the arms "
+                     "share a compile; where they differ in what a step computes, this A/B timed one step twice**")
+    return lines
 
 
 def _undecided(r: AbResult) -> str:

@@ -11,6 +11,8 @@ from harness.clock import device_index
 from harness.modes import spec
 from harness.modes.base import DecodeMode, Stepper, forward_step
 
+# a compiled step's `compile_cache` tag where its process compiled nothing for it: Dynamo served code compiled before
+COMPILED_EARLIER = "in process: compiled by an earlier job"
 COMPILE_WARMUP = 3  # calls before timing: the first compiles, the next record CUDA graphs
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
@@ -108,7 +110,7 @@ class CompiledStepper(Stepper):
         self.metrics.update(compile_graphs_from_cache=float(hits), compile_graphs_compiled=float(misses))
         if hits + misses:
             self.metrics["compile_cache_hit"] = float(misses == 0)
-        self.tags["compile_cache"] = ("in process: compiled by an earlier job" if not hits + misses else
+        self.tags["compile_cache"] = (COMPILED_EARLIER if not hits + misses else
                                       f"{hits} of {hits + misses} graphs from the FX graph cache, {misses} compiled")
 
     def step(self):
