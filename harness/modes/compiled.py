@@ -26,17 +26,18 @@ def inductor_options(compile_mode: str, inductor: dict) -> dict:
 
 class _Regions:
     """Whether the step being traced compiles each decoder layer as one nested region. Every compiled call sets it
-    (CompiledStepper.step): Dynamo guards on it, so a process holds a step compiled each way, each called as
-    compiled, and an eager decode between them runs the layers' own forward."""
+    (CompiledStepper.step) and resets it after, so that an eager decode between compiled steps runs the layers' own
+    forward. What keeps a process's regional and whole-model steps apart is their code objects (_regional_step):
+    a guard on this switch did not, on torch 2.11."""
 
     on = False
 
 
 def _compile_layers_once(model: torch.nn.Module) -> None:
-    """Route each decoder layer class of `model` through torch.compiler.nested_compile_region while _Regions.on
-    (and through its own forward otherwise, a switch that every compiled step reads, so that Dynamo guards on it):
-    Dynamo then traces one layer, Inductor compiles it once, and every other layer of the same structure calls
-    that code (a layer of another structure gets its own). Outside a compile the region is a plain call."""
+    """Route each decoder layer class of `model` through torch.compiler.nested_compile_region while _Regions.on,
+    and through its own forward otherwise: Dynamo then traces one layer, Inductor compiles it once, and every other
+    layer of the same structure calls that code (a layer of another structure gets its own). Outside a compile the
+    region is a plain call. The class is patched for the process: eager and graphed runs go through one more call."""
     for layer_class in {type(layer) for layer in decoder_layers(model)}:
         if getattr(layer_class, "_harness_region", None) is not None:
             continue
@@ -65,12 +66,10 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, reg
     later jobs of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
     per_model = _compiled.setdefault(model, {})
     key = (compile_mode, json.dumps(inductor, sort_keys=True, default=str), regions)
-    # either way: a step traced without the layers' switch in its path would carry no guard on it, and Dynamo would
-    # serve that whole-model code to a regional step of the same model (and the other way round)
     if regions and not decoder_layers(model):
         raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
                         f"decoder-only model")
-    _compile_layers_once(model)
+    _compile_layers_once(model)  # either way: every step of the model is traced through the same layer forward
     if key not in per_model:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
