@@ -69,7 +69,9 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, reg
     if regions and not decoder_layers(model):
         raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
                         f"decoder-only model")
-    _compile_layers_once(model)  # either way: every step of the model is traced through the same layer forward
+    # either way, so that every step of the model is traced through one layer forward: a whole-model step traced
+    # before a regional one patched the class would be traced again after it (seen on torch 2.13 on a CPU)
+    _compile_layers_once(model)
     if key not in per_model:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
