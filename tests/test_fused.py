@@ -149,7 +149,7 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
     assert m["kernel_launches_per_step"] == 5 * 2 + 1  # five a layer, the attention folded into one
     # on a CPU the GPU's techniques are off, and the tag says so
-    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off fold_attention=on"
+    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off"
     prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false", "fused.fold_attention=false")
     assert prefetched.label.endswith("fused split_k=off prefetch=on fold_attention=off")  # each switch named where off its default
     # the label's defaults are the schema's: a default changed in one place only would name (or hide) a switch

@@ -30,7 +30,8 @@ without an NVIDIA GPU the kernels run in Triton's interpreter (fp32 products; te
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -116,6 +117,7 @@ class FusedOptions:
     prefetch: bool = False  # each program asks L2 for its weights ahead (packed, a Hopper GPU; fused.prefetch)
     # RoPE, the K/V append and the chunks' merge inside the attention kernel: one launch a layer; off, three
     fold_attention: bool = True
+    tune: bool = False  # each kind of product's plan timed in the step at prepare (fused_tune.py; on a GPU)
 
 
 @triton.jit
@@ -466,6 +468,11 @@ class Product:
     packed: bool
     warps: int = 4
     prefetch_bytes: int = 0  # bytes each program asks L2 for before its PDL wait (0: no prefetch)
+    choice: PlanChoice | None = None  # what planned it
+
+    def __str__(self) -> str:
+        return (f"{self.bn}x{self.bk} tiles, {self.splits} split{'s' * (self.splits > 1)}, {self.warps} warps, "
+                f"{'packed' if self.packed else 'row-major'}")
 
     @property
     def prefetch_ahead(self) -> int:
@@ -515,11 +522,12 @@ def warps_for(warps: int, rows: int, hidden: int) -> int:
     return min(warps, FEWER_WARPS) if fewer else warps
 
 
-def split_count(n: int, k: int, bn: int, bk: int, allowed: bool, most: int | None = None) -> int:
+def split_count(n: int, k: int, bn: int, bk: int, allowed: bool, most: int | None = None,
+                per_sm: int | None = None) -> int:
     """K splits where the column blocks alone are too few: a power of two that brings the programs to at least
-    PROGRAMS_PER_SM per SM and leaves whole tiles per split, `most` (MAX_SPLITS) at most."""
-    blocks, splits, most = triton.cdiv(n, bn), 1, most or MAX_SPLITS
-    while allowed and splits < most and blocks * splits < PROGRAMS_PER_SM * SMS and k % (2 * splits * bk) == 0:
+    `per_sm` (PROGRAMS_PER_SM) per SM and leaves whole tiles per split, `most` (MAX_SPLITS) at most."""
+    blocks, splits, most, per_sm = triton.cdiv(n, bn), 1, most or MAX_SPLITS, per_sm or PROGRAMS_PER_SM
+    while allowed and splits < most and blocks * splits < per_sm * SMS and k % (2 * splits * bk) == 0:
         splits *= 2
     return splits
 
@@ -542,19 +550,19 @@ def pair_blocks(gate: torch.Tensor, up: torch.Tensor, half: int) -> torch.Tensor
     return both.view(2, padded // half, half, k).transpose(0, 1).reshape(2 * padded, k)
 
 
-def blocks_and_splits(n: int, k: int, bk: int, split_k: bool) -> tuple[int, int]:
+def blocks_and_splits(n: int, k: int, bk: int, split_k: bool, per_sm: int | None = None) -> tuple[int, int]:
     """(BN, K splits): 64 columns a block, split where the blocks are too few (split_count); and where even the splits
     leave SMs without a program (a 1024-wide model's O and down projections), narrower blocks, down to the MMA's 16.
     (Not gate/up, which cannot split: Qwen3-0.6B's in 32-column blocks, 192 programs, took 13.2 µs against 11.1 in
     64-column blocks, 96 programs, on the H200; docs/benchmarks.md. Split over K, the last split of a block adding
     the others' sums before SiLU, it was 1-8% slower, paired, and was taken out.)"""
     bn = tile_sizes(n, k)[0]
-    splits = split_count(n, k, bn, bk, split_k)
+    splits = split_count(n, k, bn, bk, split_k, per_sm=per_sm)
     if not interpreted() and triton.cdiv(n, bn) * splits < SMS:  # more splits first, where K has the tiles
-        splits = split_count(n, k, bn, bk, split_k, WIDE_MAX_SPLITS)
+        splits = split_count(n, k, bn, bk, split_k, WIDE_MAX_SPLITS, per_sm)
     while not interpreted() and bn > 16 and triton.cdiv(n, bn) * splits < SMS:
         bn //= 2
-        splits = split_count(n, k, bn, bk, split_k)
+        splits = split_count(n, k, bn, bk, split_k, per_sm=per_sm)
     return bn, splits
 
 
@@ -569,29 +577,64 @@ def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes:
     return min(slice_bytes, L2_PREFETCH_BYTES // programs) // 16 * 16
 
 
-def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: int = 1, hidden: int = 0) -> Product:
-    """How to run x @ weight.T for `rows` batch rows of a model of `hidden` size, and the weight as the kernel reads
-    it."""
+@dataclass(frozen=True)
+class PlanChoice:
+    """What a product's plan leaves open, one choice per kind of product (every layer's QKV alike): the programs an
+    SM its K splits aim at, packed or row-major weights, warps a program. The rules above give each its default;
+    fused.tune=true times the others in the step on the GPU at hand (harness/kernels/fused_tune.py)."""
+
+    per_sm: int
+    packed: bool = True
+    warps: int = 8
+
+    def __str__(self) -> str:
+        return f"{self.per_sm}/SM {'packed' if self.packed else 'row-major'} {self.warps}w"
+
+
+def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int) -> PlanChoice:
+    """The rules' plan for an n x k product at `rows` batch rows of a model of `hidden` size."""
+    return PlanChoice(PROGRAMS_PER_SM, options.packed, warps_for(tile_sizes(n, k)[2], rows, hidden))
+
+
+def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: int = 1, hidden: int = 0,
+         choice: PlanChoice | None = None) -> Product:
+    """How to run x @ weight.T for `rows` batch rows of a model of `hidden` size (as `choice` says, else by the
+    rules), and the weight as the kernel reads it."""
     n, k = weight.shape
-    _, bk, warps = tile_sizes(n, k)
-    warps = warps_for(warps, rows, hidden)
-    bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable)
-    return Product(pack(weight, bn, bk) if options.packed else weight.contiguous(), n, k, bn, bk, splits,
-                   not interpreted(), options.packed, warps,  # (Triton's interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), options))
+    bk = tile_sizes(n, k)[1]
+    choice = choice or default_choice(n, k, options, rows, hidden)
+    bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
+    return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
+                   not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
+                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), replace(options, packed=choice.packed)),
+                   choice)
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1,
-                hidden: int = 0) -> Product:
+                hidden: int = 0, choice: PlanChoice | None = None) -> Product:
     """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums),
     for `rows` batch rows of a model of `hidden` size."""
     k = gate.shape[1]
-    bn, bk, warps = tile_sizes(2 * gate.shape[0], k)
-    warps = warps_for(warps, rows, hidden)
+    bn, bk, _ = tile_sizes(2 * gate.shape[0], k)
+    choice = choice or default_choice(2 * gate.shape[0], k, options, rows, hidden)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
-    return Product(pack(paired, bn, bk) if options.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   options.packed, warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), options))
+    return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
+                   choice.packed, choice.warps,
+                   prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), replace(options, packed=choice.packed)),
+                   choice)
+
+
+# Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two
+# (plan_swiglu). The kinds a step launches, each planned alike in every layer
+PRODUCT_WEIGHTS = {
+    "qkv": lambda layer: torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                    layer.self_attn.v_proj.weight]),
+    "o": lambda layer: layer.self_attn.o_proj.weight,
+    "down": lambda layer: layer.mlp.down_proj.weight,
+    "lm_head": lambda model: model.lm_head.weight,
+}
+PRODUCT_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
 @dataclass
@@ -616,9 +659,10 @@ class FusedDecoder:
     inside the kernels ("fused_rope_off_by_one", "kv_append_lost")."""
 
     def __init__(self, model, cache, input_ids: torch.Tensor, options: FusedOptions, fault: str | None = None,
-                 longest_prefix: int | None = None):
+                 longest_prefix: int | None = None, choices: dict[str, PlanChoice] | None = None):
         config, rows = model.config, input_ids.shape[0]
-        self.options, self.cache, self.input_ids, self.rows = options, cache, input_ids, rows
+        self.model, self.options, self.cache, self.input_ids, self.rows = model, options, cache, input_ids, rows
+        self.choices = dict(choices or {})  # each kind of product's plan where not the rules' (PlanChoice)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = cache.layers[0].keys.shape[-1]
         self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
@@ -628,7 +672,7 @@ class FusedDecoder:
             self.layers = [self._layer(layer) for layer in model.model.layers]
             self.embedding = model.model.embed_tokens.weight
             self.final_norm = model.model.norm.weight
-            self.lm_head = plan(model.lm_head.weight, options, False, rows, self.hidden)
+            self.lm_head = self._plan("lm_head", model)
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         capacity = cache.layers[0].max_cache_len
         self.longest_prefix = min(longest_prefix or capacity, capacity)
@@ -636,14 +680,38 @@ class FusedDecoder:
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
 
     def _layer(self, layer) -> Layer:
-        attn, mlp, opts = layer.self_attn, layer.mlp, self.options
-        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        attn = layer.self_attn
         norms = [getattr(getattr(attn, name, None), "weight", None) for name in ("q_norm", "k_norm")]
-        sizes = self.rows, self.hidden
-        return Layer(layer.input_layernorm.weight, plan(qkv, opts, True, *sizes), *norms,
-                     plan(attn.o_proj.weight, opts, True, *sizes), layer.post_attention_layernorm.weight,
-                     plan_swiglu(mlp.gate_proj.weight, mlp.up_proj.weight, opts, *sizes),
-                     plan(mlp.down_proj.weight, opts, True, *sizes))
+        return Layer(layer.input_layernorm.weight, self._plan("qkv", layer), *norms, self._plan("o", layer),
+                     layer.post_attention_layernorm.weight, self._plan("gate_up", layer), self._plan("down", layer))
+
+    def _plan(self, kind: str, source) -> Product:
+        """`kind`'s product of one decoder layer (`source`; lm_head's: the model) as self.choices says, else by the
+        rules."""
+        choice, sizes = self.choices.get(kind), (self.rows, self.hidden)
+        if kind == "gate_up":
+            return plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
+                               choice=choice)
+        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice)
+
+    def products(self) -> dict[str, Product]:
+        """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""
+        first = self.layers[0]
+        return dict(qkv=first.qkv, o=first.o, gate_up=first.gate_up, down=first.down, lm_head=self.lm_head)
+
+    def replanned(self, kind: str, choice: PlanChoice) -> FusedDecoder:
+        """A decoder whose `kind` products are planned as `choice` says, sharing this one's other weights, with
+        buffers of its own (a step captured from each can be timed against the other's)."""
+        other = copy.copy(self)
+        other.choices = {**self.choices, kind: choice}
+        with torch.no_grad():
+            if kind == "lm_head":
+                other.lm_head = other._plan(kind, self.model)
+            else:
+                other.layers = [replace(layer, **{kind: other._plan(kind, source)})
+                                for layer, source in zip(self.layers, self.model.model.layers)]
+        other._buffers(self.cache.layers[0].keys)
+        return other
 
     def _buffers(self, like: torch.Tensor) -> None:
         rows, first = self.rows, self.layers[0]

@@ -32,6 +32,25 @@ class FusedStepper(GraphedStepper):
                             kernel_launches_per_step=float(self.decoder.kernels_per_step()))
         self.tags["fused"] = " ".join(f"{field.name}={'on' if getattr(options, field.name) else 'off'}"
                                       for field in dataclasses.fields(options))  # each technique, as it ran
+        if options.tune:
+            self._tune(prompt)
+        self.tags["fused_plan"] = "; ".join(f"{kind}: {product}" for kind, product in self.decoder.products().items())
+
+    def _tune(self, prompt: torch.Tensor) -> None:
+        """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused_tune.py), from
+        the context's position; where no GPU times it, the rules' plan, and the tag says so."""
+        if not prompt.is_cuda:
+            self.tags["tune"] = "not applied: no GPU to time the step on (Triton's interpreter); the rules' plan"
+            return
+        from harness.kernels.fused_tune import REPLAYS, StepTimer, tune
+        from harness.modes.graphed import SIDE_STREAM_WARMUP
+
+        capacity = self.cache.layers[0].max_cache_len
+        position = max(0, min(prompt.shape[1], capacity - REPLAYS - SIDE_STREAM_WARMUP - 1))
+        self.decoder, tuning = tune(self.decoder, StepTimer(position).ratio)
+        self.metrics.update(tune_ms=tuning.seconds * 1e3, tune_candidates=float(len(tuning.tried)),
+                            tune_taken=float(len(tuning.taken)))
+        self.tags["tune"] = ("; ".join(tuning.taken) or "none faster") + f" (of {len(tuning.tried)} tried)"
 
     def forward(self) -> torch.Tensor:
         return self.decoder.step()
@@ -65,7 +84,8 @@ class FusedMode(DecodeMode):
         # PDL and the bulk L2 prefetch are Hopper's (sm_90): off elsewhere, and so tagged
         hopper = prompt.is_cuda and torch.cuda.get_device_capability(prompt.device)[0] >= 9
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
-                               prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention)
+                               prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention,
+                               tune=cfg.fused.tune)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,

@@ -1,0 +1,113 @@
+"""fused.tune=true: each kind of product's plan chosen on the GPU at hand, by timing the captured step.
+
+The rules in fused_decode.py (programs an SM a product's K splits aim at, packed weights, warps a program) were each
+fitted on a few models, and no single value suits them all: paired on one H200, two programs an SM took 1.4% off
+Qwen3-8B's step where one took 1.7% off Qwen3-0.6B's; packing bought Qwen3-0.6B 1.9% and cost Llama-3.2-1B 1.6%
+(docs/benchmarks.md, "How far graphs go"). So where asked, the step is planned by coordinate descent at prepare time
+(not timed): for each kind of product in turn (QKV, O, gate/up, down, lm_head; every layer's alike), each choice
+that differs from the current plan in one respect and launches differently is captured as a whole step and timed
+against the current plan's step in alternating blocks of graph replays (AB, BA, ...), as `harness ab` times two
+arms; it replaces the plan where its median ratio is below TAKE_BELOW. Timing the whole step, not a product alone,
+keeps what the product costs its neighbours: the PDL overlap, L2.
+
+The choices change only how a product is launched and laid out, never what it computes (the same sums in fp32),
+and the run is verified against fp32 as any fused run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from harness.clock import block_ms
+from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, FusedDecoder, PlanChoice, blocks_and_splits,
+                                          tile_sizes)
+
+ROUNDS = 6  # pairs of blocks (AB, then BA) a candidate is timed in against the plan it would replace
+REPLAYS = 16  # replays of a captured step a block
+TAKE_BELOW = 0.995  # a candidate replaces the plan where its step's median ratio to the plan's is below this
+PER_SM_CHOICES = (1, 2, 4)  # programs an SM a split product may aim at
+WARPS_CHOICES = (FEWER_WARPS, 8)
+SPLIT_KINDS = ("qkv", "o", "down")  # the products whose K may split (gate/up needs whole sums; lm_head has blocks)
+
+
+@dataclass
+class Tuning:
+    """What tuning did: every candidate tried, as 'kind: choice ratio', and the ones taken."""
+
+    tried: list[str] = field(default_factory=list)
+    taken: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def candidates(decoder: FusedDecoder, kind: str) -> list[PlanChoice]:
+    """The choices one respect away from `kind`'s current plan that launch differently: the other warp count,
+    packed or not (where fused.packed leaves packing on), and each other programs-an-SM target that changes the
+    product's blocks or splits (where fused.split_k leaves splitting on)."""
+    product, options = decoder.products()[kind], decoder.options
+    current = product.choice
+    found = [replace(current, warps=w) for w in WARPS_CHOICES if w != current.warps]
+    if options.packed:
+        found.append(replace(current, packed=not current.packed))
+    if kind in SPLIT_KINDS and options.split_k:
+        bk = tile_sizes(product.n, product.k)[1]
+        layouts = {(product.bn, product.splits)}
+        for per_sm in PER_SM_CHOICES:
+            layout = blocks_and_splits(product.n, product.k, bk, True, per_sm)
+            if layout not in layouts:
+                layouts.add(layout)
+                found.append(replace(current, per_sm=per_sm))
+    return found
+
+
+def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], float]) -> tuple[FusedDecoder, Tuning]:
+    """Coordinate descent over the kinds of product, once each: the decoder to run and what was tried.
+    `ratio(trial, best)`: the trial step's time over the best's (StepTimer.ratio on a GPU)."""
+    started, tuning, best = time.perf_counter(), Tuning(), decoder
+    for kind in PRODUCT_KINDS:
+        for choice in candidates(best, kind):
+            trial = best.replanned(kind, choice)
+            measured = ratio(trial, best)
+            line = f"{kind}: {choice} {measured:.4f}"
+            tuning.tried.append(line)
+            if measured < TAKE_BELOW:
+                best = trial
+                tuning.taken.append(line)
+    tuning.seconds = time.perf_counter() - started
+    return best, tuning
+
+
+class StepTimer:
+    """Two decoders' steps, each captured in a CUDA graph of its own, timed in alternating blocks of graph replays
+    from one cache position (each block starts there again: the replays append K/V after it, as decode would)."""
+
+    def __init__(self, position: int, replays: int = REPLAYS, rounds: int = ROUNDS):
+        self.position, self.replays, self.rounds = position, replays, rounds
+        self._graphs: dict[int, tuple[FusedDecoder, torch.cuda.CUDAGraph]] = {}
+
+    def ratio(self, trial: FusedDecoder, best: FusedDecoder) -> float:
+        self._graphs = {id(d): self._graphs.get(id(d)) or (d, self._capture(d)) for d in (trial, best)}
+        ratios = []
+        for index in range(self.rounds):
+            order = (best, trial) if index % 2 == 0 else (trial, best)
+            ms = {id(d): self._block(d) for d in order}
+            ratios.append(ms[id(trial)] / ms[id(best)])
+        return statistics.median(ratios)
+
+    def _capture(self, decoder: FusedDecoder) -> torch.cuda.CUDAGraph:
+        from harness.modes.graphed import capture, warm_up_on_side_stream  # (a mode's helpers: no import at load)
+
+        self._rewind(decoder)
+        warm_up_on_side_stream(decoder.step)  # Triton compiles each kernel at its first launch
+        return capture(decoder.step)[0]
+
+    def _block(self, decoder: FusedDecoder) -> float:
+        self._rewind(decoder)
+        return block_ms(self._graphs[id(decoder)][1].replay, self.replays)
+
+    def _rewind(self, decoder: FusedDecoder) -> None:
+        for layer in decoder.cache.layers:
+            layer.cumulative_length.fill_(self.position)

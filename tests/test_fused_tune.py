@@ -1,0 +1,80 @@
+"""fused.tune: a product's plan chosen by timing the step. Here (Triton's interpreter) the choices are checked to change
+how a product launches and never what it computes, the descent to take a choice only where it times faster, and a
+job to say that it did not tune where no GPU times the step."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.kernels import fused_decode, fused_tune
+from harness.kernels.fused_decode import PRODUCT_KINDS, FusedOptions, PlanChoice
+from harness.measure.job import measure
+from tests.support import run_config
+from tests.test_fused import FUSED, decode_like_eager, fused_and_eager
+
+
+@pytest.mark.parametrize("kind, choice", [("o", PlanChoice(per_sm=1, packed=False, warps=4)),
+                                          ("qkv", PlanChoice(per_sm=4, packed=False, warps=8)),
+                                          ("gate_up", PlanChoice(per_sm=2, packed=False, warps=4)),
+                                          ("lm_head", PlanChoice(per_sm=2, packed=False, warps=8))])
+def test_a_replanned_product_launches_differently_and_computes_eager_logits(kind, choice):
+    eager, run, decoder = fused_and_eager()
+    trial = decoder.replanned(kind, choice)
+    before, after = decoder.products()[kind], trial.products()[kind]
+    assert after.choice == choice and not after.packed and before.packed
+    assert after.weight.data_ptr() != before.weight.data_ptr()  # its own weights, as the kernel reads them now
+    for other in set(PRODUCT_KINDS) - {kind}:  # the rest shared, not packed again
+        assert trial.products()[other] is decoder.products()[other]
+    assert trial.residual.data_ptr() != decoder.residual.data_ptr()  # buffers of its own: two steps can be timed
+    decode_like_eager(eager, run, trial, 3)
+
+
+def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monkeypatch):
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
+
+    def decoder_of(kind: str, n: int, k: int, options=FusedOptions()):
+        product = fused_decode.plan(torch.zeros(n, k), options, True, choice=PlanChoice(2, options.packed, 8))
+        return SimpleNamespace(options=options, products=lambda: {kind: product})
+
+    # Qwen3-8B's QKV (6144 x 4096): 96 blocks split 4 ways at 2 programs an SM, 2 ways at 1, 8 ways at 4
+    assert fused_tune.candidates(decoder_of("qkv", 6144, 4096), "qkv") == [
+        PlanChoice(2, True, 4), PlanChoice(2, False, 8), PlanChoice(1, True, 8), PlanChoice(4, True, 8)]
+    # Llama-3.2-1B's O (2048 x 2048): 32 blocks split MAX_SPLITS' 8 ways at 1, 2 or 4 an SM: the same launch
+    assert fused_tune.candidates(decoder_of("o", 2048, 2048), "o") == [PlanChoice(2, True, 4), PlanChoice(2, False, 8)]
+    # an ablation's switch pins its respect
+    pinned = decoder_of("qkv", 6144, 4096, FusedOptions(packed=False, split_k=False))
+    assert fused_tune.candidates(pinned, "qkv") == [PlanChoice(2, False, 4)]
+    # gate/up never splits: warps and packing only
+    assert fused_tune.candidates(decoder_of("gate_up", 6144, 4096), "gate_up") == [PlanChoice(2, True, 4),
+                                                                                   PlanChoice(2, False, 8)]
+
+
+def test_the_descent_takes_a_choice_only_where_its_step_times_faster():
+    decoder = fused_and_eager()[2]
+    asked = []
+
+    def ratio(trial, best):  # row-major O is 3% faster, and nothing else is faster by the margin
+        changed = [k for k in PRODUCT_KINDS if trial.products()[k] is not best.products()[k]]
+        assert len(changed) == 1  # one respect of one kind at a time, against the plan it would replace
+        asked.append(changed[0])
+        choice = trial.products()[changed[0]].choice
+        return 0.97 if changed[0] == "o" and not choice.packed else fused_tune.TAKE_BELOW + 1e-4
+
+    tuned, tuning = fused_tune.tune(decoder, ratio)
+    assert [line.split(":")[0] for line in tuning.taken] == ["o"] and "0.9700" in tuning.taken[0]
+    assert not tuned.products()["o"].packed and all(tuned.products()[k].packed for k in ("qkv", "gate_up", "down"))
+    assert sorted(set(asked)) == sorted(PRODUCT_KINDS) and len(tuning.tried) == len(asked)
+    # after O was taken, the kinds after it were timed against the decoder that runs it
+    assert tuned.products()["o"] is not decoder.products()["o"]
+    slower, nothing = fused_tune.tune(decoder, lambda trial, best: 1.02)
+    assert slower is decoder and nothing.taken == []
+
+
+def test_a_job_that_cannot_time_the_step_says_it_did_not_tune():
+    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "fused.tune=true"))
+    assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+    assert result.mode_tags["tune"].startswith("not applied: no GPU") and "tune_ms" not in result.metrics
+    assert "tune=on" in result.mode_tags["fused"] and result.mode_tags["fused_plan"].startswith("qkv: ")
+    assert run_config(*FUSED, "fused.tune=true").label.endswith("fused tune=on")
