@@ -15,19 +15,13 @@ and the run is verified against fp32 as any fused run.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import torch
-
-from harness.clock import block_ms
 from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, FusedDecoder, PlanChoice, blocks_and_splits,
                                           tile_sizes)
 
-ROUNDS = 6  # pairs of blocks (AB, then BA) a candidate is timed in against the plan it would replace
-REPLAYS = 16  # replays of a captured step a block
 TAKE_BELOW = 0.995  # a candidate replaces the plan where its step's median ratio to the plan's is below this
 PER_SM_CHOICES = (1, 2, 4)  # programs an SM a split product may aim at
 WARPS_CHOICES = (FEWER_WARPS, 8)
@@ -65,7 +59,7 @@ def candidates(decoder: FusedDecoder, kind: str) -> list[PlanChoice]:
 
 def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], float]) -> tuple[FusedDecoder, Tuning]:
     """Coordinate descent over the kinds of product, once each: the decoder to run and what was tried.
-    `ratio(trial, best)`: the trial step's time over the best's (StepTimer.ratio on a GPU)."""
+    `ratio(trial, best)`: the trial step's time over the best's (harness/modes/fused.py's StepTimer on a GPU)."""
     started, tuning, best = time.perf_counter(), Tuning(), decoder
     for kind in PRODUCT_KINDS:
         for choice in candidates(best, kind):
@@ -78,38 +72,3 @@ def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], fl
                 tuning.taken.append(line)
     tuning.seconds = time.perf_counter() - started
     return best, tuning
-
-
-class StepTimer:
-    """Two decoders' steps, each captured in a CUDA graph of its own, timed in alternating blocks of graph replays
-    from one cache position (each block starts there again: the replays append K/V after it, as decode would)."""
-
-    def __init__(self, position: int, replays: int = REPLAYS, rounds: int = ROUNDS):
-        self.position, self.replays, self.rounds = position, replays, rounds
-        self._graphs: dict[int, tuple[FusedDecoder, torch.cuda.CUDAGraph]] = {}
-
-    def ratio(self, trial: FusedDecoder, best: FusedDecoder) -> float:
-        self._graphs = {id(d): self._graphs.get(id(d)) or (d, self._capture(d)) for d in (trial, best)}
-        ratios = []
-        for index in range(self.rounds):
-            order = (best, trial) if index % 2 == 0 else (trial, best)
-            ms = {id(d): self._block(d) for d in order}
-            ratios.append(ms[id(trial)] / ms[id(best)])
-        return statistics.median(ratios)
-
-    def _capture(self, decoder: FusedDecoder) -> torch.cuda.CUDAGraph:
-        from harness.modes.graphed import capture, warm_up_on_side_stream  # (a mode's helpers: no import at load)
-
-        self._rewind(decoder)
-        warm_up_on_side_stream(decoder.step)  # Triton compiles each kernel at its first launch
-        graph = capture(decoder.step)[0]
-        graph.replay()  # a graph's first launch uploads it: not a cost of the step
-        return graph
-
-    def _block(self, decoder: FusedDecoder) -> float:
-        self._rewind(decoder)
-        return block_ms(self._graphs[id(decoder)][1].replay, self.replays)
-
-    def _rewind(self, decoder: FusedDecoder) -> None:
-        for layer in decoder.cache.layers:
-            layer.cumulative_length.fill_(self.position)

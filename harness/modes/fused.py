@@ -10,12 +10,21 @@ graph): the tests check them there, on tiny models, against eager and fp32.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
+from harness.clock import block_ms
 from harness.modes.base import CaptureError, DecodeMode, kv_heads_and_dim
-from harness.modes.graphed import GraphedStepper
+from harness.modes.graphed import SIDE_STREAM_WARMUP, GraphedStepper, capture, warm_up_on_side_stream
+
+ROUNDS = 6  # fused.tune: pairs of blocks (AB, then BA) a candidate plan's step is timed in against the current one's
+REPLAYS = 16  # replays of a captured step a block
+
+if TYPE_CHECKING:  # Triton's: imported by the jobs that run this mode
+    from harness.kernels.fused_decode import FusedDecoder
 
 
 class FusedStepper(GraphedStepper):
@@ -42,8 +51,7 @@ class FusedStepper(GraphedStepper):
         if not prompt.is_cuda:
             self.tags["tune"] = "not applied: no GPU to time the step on (Triton's interpreter); the rules' plan"
             return
-        from harness.kernels.fused_tune import REPLAYS, StepTimer, tune
-        from harness.modes.graphed import SIDE_STREAM_WARMUP
+        from harness.kernels.fused_tune import tune
 
         capacity = self.cache.layers[0].max_cache_len
         position = max(0, min(prompt.shape[1], capacity - REPLAYS - SIDE_STREAM_WARMUP - 1))
@@ -67,6 +75,39 @@ class FusedStepper(GraphedStepper):
             return self._k_steps() if self.feeds_itself else self.forward()[: self.bs]
         self.graph.replay()
         return self.logits
+
+
+class StepTimer:
+    """Two decoders' steps, each captured in a CUDA graph of its own, timed in alternating blocks of graph replays
+    from one cache position (each block starts there again: the replays append K/V after it, as decode would)."""
+
+    def __init__(self, position: int, replays: int = REPLAYS, rounds: int = ROUNDS):
+        self.position, self.replays, self.rounds = position, replays, rounds
+        self._graphs: dict[int, tuple] = {}
+
+    def ratio(self, trial: FusedDecoder, best: FusedDecoder) -> float:
+        self._graphs = {id(d): self._graphs.get(id(d)) or (d, self._capture(d)) for d in (trial, best)}
+        ratios = []
+        for index in range(self.rounds):
+            order = (best, trial) if index % 2 == 0 else (trial, best)
+            ms = {id(d): self._block(d) for d in order}
+            ratios.append(ms[id(trial)] / ms[id(best)])
+        return statistics.median(ratios)
+
+    def _capture(self, decoder: FusedDecoder) -> torch.cuda.CUDAGraph:
+        self._rewind(decoder)
+        warm_up_on_side_stream(decoder.step)  # Triton compiles each kernel at its first launch
+        graph = capture(decoder.step)[0]
+        graph.replay()  # a graph's first launch uploads it: not a cost of the step
+        return graph
+
+    def _block(self, decoder: FusedDecoder) -> float:
+        self._rewind(decoder)
+        return block_ms(self._graphs[id(decoder)][1].replay, self.replays)
+
+    def _rewind(self, decoder: FusedDecoder) -> None:
+        for layer in decoder.cache.layers:
+            layer.cumulative_length.fill_(self.position)
 
 
 class FusedMode(DecodeMode):
