@@ -43,9 +43,12 @@ def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monk
         PlanChoice(2, True, 4), PlanChoice(2, False, 8), PlanChoice(1, True, 8), PlanChoice(4, True, 8)]
     # Llama-3.2-1B's O (2048 x 2048): 32 blocks split MAX_SPLITS' 8 ways at 1, 2 or 4 an SM: the same launch
     assert fused_tune.candidates(decoder_of("o", 2048, 2048), "o") == [PlanChoice(2, True, 4), PlanChoice(2, False, 8)]
+    # on a Hopper GPU the L2 prefetch too, where the weights are packed
+    assert fused_tune.candidates(decoder_of("o", 2048, 2048), "o", prefetch=True) == [
+        PlanChoice(2, True, 4), PlanChoice(2, False, 8), PlanChoice(2, True, 8, prefetch=True)]
     # an ablation's switch pins its respect
     pinned = decoder_of("qkv", 6144, 4096, FusedOptions(packed=False, split_k=False))
-    assert fused_tune.candidates(pinned, "qkv") == [PlanChoice(2, False, 4)]
+    assert fused_tune.candidates(pinned, "qkv", prefetch=True) == [PlanChoice(2, False, 4)]  # row-major: none
     # gate/up never splits: warps and packing only
     assert fused_tune.candidates(decoder_of("gate_up", 6144, 4096), "gate_up") == [PlanChoice(2, True, 4),
                                                                                    PlanChoice(2, False, 8)]

@@ -583,20 +583,23 @@ def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes:
 @dataclass(frozen=True)
 class PlanChoice:
     """What a product's plan leaves open, one choice per kind of product (every layer's QKV alike): the programs an
-    SM its K splits aim at, packed or row-major weights, warps a program. The rules above give each its default;
+    SM its K splits aim at, packed or row-major weights, warps a program, the L2 prefetch before the PDL wait. The
+    rules above give each its default;
     fused.tune=true times the others in the step on the GPU at hand (harness/kernels/fused_tune.py)."""
 
     per_sm: int
     packed: bool = True
     warps: int = 8
+    prefetch: bool = False  # its programs ask L2 for their first weights before the PDL wait (packed, Hopper)
 
     def __str__(self) -> str:
-        return f"{self.per_sm}/SM {'packed' if self.packed else 'row-major'} {self.warps}w"
+        return (f"{self.per_sm}/SM {'packed' if self.packed else 'row-major'} {self.warps}w"
+                + " prefetch" * self.prefetch)
 
 
 def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int) -> PlanChoice:
     """The rules' plan for an n x k product at `rows` batch rows of a model of `hidden` size."""
-    return PlanChoice(PROGRAMS_PER_SM, options.packed, warps_for(tile_sizes(n, k)[2], rows, hidden))
+    return PlanChoice(PROGRAMS_PER_SM, options.packed, warps_for(tile_sizes(n, k)[2], rows, hidden), options.prefetch)
 
 
 def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: int = 1, hidden: int = 0,
@@ -609,7 +612,7 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
     return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), replace(options, packed=choice.packed)),
+                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), replace(options, packed=choice.packed, prefetch=choice.prefetch)),
                    choice)
 
 
@@ -624,7 +627,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     n = paired.shape[0]
     return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
                    choice.packed, choice.warps,
-                   prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), replace(options, packed=choice.packed)),
+                   prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), replace(options, packed=choice.packed, prefetch=choice.prefetch)),
                    choice)
 
 

@@ -1,6 +1,7 @@
 """fused.tune=true: each kind of product's plan chosen on the GPU at hand, by timing the captured step.
 
-The rules in fused_decode.py (programs an SM a product's K splits aim at, packed weights, warps a program) were each
+The rules in fused_decode.py (programs an SM a product's K splits aim at, packed weights, warps a program, the L2
+prefetch) were each
 fitted on a few models, and no single value suits them all: paired on one H200, two programs an SM took 1.4% off
 Qwen3-8B's step where one took 1.7% off Qwen3-0.6B's; packing bought Qwen3-0.6B 1.9% and cost Llama-3.2-1B 1.6%
 (docs/benchmarks.md, "How far graphs go"). So where asked, the step is planned by coordinate descent at prepare time
@@ -37,15 +38,18 @@ class Tuning:
     seconds: float = 0.0
 
 
-def candidates(decoder: FusedDecoder, kind: str) -> list[PlanChoice]:
+def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list[PlanChoice]:
     """The choices one respect away from `kind`'s current plan that launch differently: the other warp count,
-    packed or not (where fused.packed leaves packing on), and each other programs-an-SM target that changes the
-    product's blocks or splits (where fused.split_k leaves splitting on)."""
+    packed or not (where fused.packed leaves packing on), the L2 prefetch before the PDL wait on or off (where
+    `prefetch`: a Hopper GPU; packed weights), and each other programs-an-SM target that changes the product's
+    blocks or splits (where fused.split_k leaves splitting on)."""
     product, options = decoder.products()[kind], decoder.options
     current = product.choice
     found = [replace(current, warps=w) for w in WARPS_CHOICES if w != current.warps]
     if options.packed:
-        found.append(replace(current, packed=not current.packed))
+        found.append(replace(current, packed=not current.packed, prefetch=False))
+    if prefetch and current.packed:
+        found.append(replace(current, prefetch=not current.prefetch))
     if kind in SPLIT_KINDS and options.split_k:
         bk = tile_sizes(product.n, product.k)[1]
         layouts = {(product.bn, product.splits)}
@@ -57,12 +61,14 @@ def candidates(decoder: FusedDecoder, kind: str) -> list[PlanChoice]:
     return found
 
 
-def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], float]) -> tuple[FusedDecoder, Tuning]:
+def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], float],
+         prefetch: bool = False) -> tuple[FusedDecoder, Tuning]:
     """Coordinate descent over the kinds of product, once each: the decoder to run and what was tried.
-    `ratio(trial, best)`: the trial step's time over the best's (harness/modes/fused.py's StepTimer on a GPU)."""
+    `ratio(trial, best)`: the trial step's time over the best's (harness/modes/fused.py's StepTimer on a GPU);
+    `prefetch`: whether the L2 prefetch may be tried (a Hopper GPU)."""
     started, tuning, best = time.perf_counter(), Tuning(), decoder
     for kind in PRODUCT_KINDS:
-        for choice in candidates(best, kind):
+        for choice in candidates(best, kind, prefetch):
             trial = best.replanned(kind, choice)
             measured = ratio(trial, best)
             line = f"{kind}: {choice} {measured:.4f}"

@@ -55,7 +55,8 @@ class FusedStepper(GraphedStepper):
 
         capacity = self.cache.layers[0].max_cache_len
         position = max(0, min(prompt.shape[1], capacity - REPLAYS - SIDE_STREAM_WARMUP - 1))
-        self.decoder, tuning = tune(self.decoder, StepTimer(position).ratio)
+        hopper = torch.cuda.get_device_capability(prompt.device)[0] >= 9  # the bulk prefetch is sm_90's
+        self.decoder, tuning = tune(self.decoder, StepTimer(position).ratio, prefetch=hopper)
         self.metrics.update(tune_ms=tuning.seconds * 1e3, tune_candidates=float(len(tuning.tried)),
                             tune_taken=float(len(tuning.taken)))
         self.tags["tune"] = ("; ".join(tuning.taken) or "none faster") + f" (of {len(tuning.tried)} tried)"
