@@ -354,8 +354,8 @@ for variant in (dict(KV_PREFETCH=False, TOGETHER=False), dict(KV_PREFETCH=True, 
     count, prefetch = ptx.find("atom.global.gpu.acq_rel.add"), ptx.find("cp.async.bulk.prefetch.L2")
     print("attention", "griddepcontrol.wait" in ptx and count > -1 and "ld.global.cg" in ptx[count:]
           and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
-          and "mma" in ptx and (prefetch != -1) == variant["KV_PREFETCH"]  # K/V asked of L2 before PDL's wait
-          and prefetch < ptx.find("griddepcontrol.wait") < ptx.find("mma"))
+          and "mma" in ptx and (prefetch != -1) == variant["KV_PREFETCH"]  # K/V asked of L2 before the first product
+          and prefetch < ptx.find("mma"))
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
            Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
            **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),

@@ -180,9 +180,20 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
     m = result.metrics
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert len(result.step_ms) * graph_steps == QWEN_DECODE_TOKENS  # one sample a replay of graph_steps
-    assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on prefetch=off fold_attention=on"
+    assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on prefetch=off fold_attention=on tune=off"
     assert "captured" not in result.mode_tags
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
+
+
+def test_a_tuned_fused_step_times_its_candidates_and_is_verified():
+    """fused.tune on the GPU: the candidates captured and timed, the plan the step runs named, and the run verified
+    against fp32 like any fused run (a choice changes how a product launches, never what it computes)."""
+    result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1", "fused.tune=true"))
+    m, tags = result.metrics, result.mode_tags
+    assert result.failure is None and m["verified"] == 1.0, result.failure
+    assert m["tune_candidates"] >= 10 and m["tune_ms"] > 0 and tags["tune"].endswith(f"(of {m['tune_candidates']:.0f} tried)")
+    assert tags["fused_plan"].count("tiles") == 5  # QKV, O, gate/up, down, lm_head
+    print(tags["tune"], "|", tags["fused_plan"])
 
 
 @pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])

@@ -94,9 +94,11 @@ ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # Qwen3-0.6B's step at context 1024 and 1.3% off Qwen3-8B's, paired on one H200 (docs/benchmarks.md)
 QUERY_PADDING_MASKED = True
 # The folded attention asks L2 for its chunk's K and V (contiguous slots of one KV head: one bulk prefetch each) before
-# its PDL wait, while this layer's QKV product still runs, so that the chunk's loads, which wait for the queries, find
-# them there. Asked after the wait, before the queries: within -0.6% to +0.4% of none on three models, paired on two
-# H200s (docs/benchmarks.md, "how many ways a product splits")
+# it computes its queries, so that the chunk's loads, which wait for the queries, find them there. Off: within
+# -0.6% to +0.4% of none on three models, paired on two H200s (docs/benchmarks.md, "how many ways a product splits");
+# asked earlier still, before the PDL wait while the layer's QKV product runs, it took 2.8-3.2% more on Qwen3-0.6B at
+# bs=1 context 1024 and bs=8 context 16384 and 0.0-0.2% on Llama-3.2-1B and Qwen3-8B (paired, one H200): the
+# prefetch takes HBM from the product it overlaps
 KV_PREFETCH = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
 # loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another.
@@ -381,17 +383,15 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
     the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _pdl_start(PDL)
-    # Before the wait: the position (layer 0's, which only the last step's lm_head advanced) and the chunk's slots
-    # before it (written by earlier steps) are known while this layer's QKV product still runs
+    _pdl_wait(PDL)
     pos = tl.load(Pos)
     start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
-    if KV_PREFETCH and split < chunks:  # the chunk's slots are contiguous (k_slot, v_slot == D): one request each
-        _prefetch_to_l2(Keys, row * k_row + kv_head * k_head + start * k_slot,
-                        (end - start) * k_slot * (Keys.dtype.element_ty.primitive_bitwidth // 8))
-        _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
-                        (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
-    _pdl_wait(PDL)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
+        if KV_PREFETCH:  # the chunk's slots are contiguous (k_slot, v_slot == D): one request each, not waited for
+            _prefetch_to_l2(Keys, row * k_row + kv_head * k_head + start * k_slot,
+                            (end - start) * k_slot * (Keys.dtype.element_ty.primitive_bitwidth // 8))
+            _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
+                            (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
         inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
         group, g = HEADS // KV_HEADS, tl.arange(0, GROUP_PAD)
         if MASK_PAD:  # the MMA's padding rows load nothing (zero queries, never stored)
@@ -475,7 +475,7 @@ class Product:
 
     def __str__(self) -> str:
         return (f"{self.bn}x{self.bk} tiles, {self.splits} split{'s' * (self.splits > 1)}, {self.warps} warps, "
-                f"{'packed' if self.packed else 'row-major'}")
+                f"{'packed' if self.packed else 'row-major'}" + ", L2 prefetch" * (self.prefetch_bytes > 0))
 
     @property
     def prefetch_ahead(self) -> int:
