@@ -105,8 +105,9 @@ class FusedConfig:
     # Llama-3.2-1B at bs=1, but 7% slower for Qwen3-0.6B at bs=1 context 1024, all with the merge then fixed at 16
     # chunks a load (sized by the context since, which took 5.6% off that last case; not re-paired; docs/benchmarks.md)
     fold_attention: bool = True
-    # each kind of product's plan (K splits, packing, warps) chosen at prepare by timing the captured step against
-    # the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan
+    # each kind of product's plan (K splits, packing, warps, L2 prefetch) chosen at prepare by timing the captured
+    # step against the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan, so that an
+    # ablation of one technique runs one plan
     tune: bool = False
 
 

@@ -584,8 +584,8 @@ def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes:
 class PlanChoice:
     """What a product's plan leaves open, one choice per kind of product (every layer's QKV alike): the programs an
     SM its K splits aim at, packed or row-major weights, warps a program, the L2 prefetch before the PDL wait. The
-    rules above give each its default;
-    fused.tune=true times the others in the step on the GPU at hand (harness/kernels/fused_tune.py)."""
+    rules above give each its default; fused.tune=true times the others in the step on the GPU at hand
+    (harness/kernels/fused_tune.py)."""
 
     per_sm: int
     packed: bool = True
@@ -610,10 +610,10 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     bk = tile_sizes(n, k)[1]
     choice = choice or default_choice(n, k, options, rows, hidden)
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
+    chosen = replace(options, packed=choice.packed, prefetch=choice.prefetch)
     return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), replace(options, packed=choice.packed, prefetch=choice.prefetch)),
-                   choice)
+                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), chosen), choice)
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1,
@@ -625,10 +625,9 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     choice = choice or default_choice(2 * gate.shape[0], k, options, rows, hidden)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
+    chosen = replace(options, packed=choice.packed, prefetch=choice.prefetch)
     return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   choice.packed, choice.warps,
-                   prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), replace(options, packed=choice.packed, prefetch=choice.prefetch)),
-                   choice)
+                   choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), chosen), choice)
 
 
 # Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two

@@ -1,16 +1,16 @@
 """fused.tune=true: each kind of product's plan chosen on the GPU at hand, by timing the captured step.
 
 The rules in fused_decode.py (programs an SM a product's K splits aim at, packed weights, warps a program, the L2
-prefetch) were each
-fitted on a few models, and no single value suits them all: paired on one H200, two programs an SM took 1.4% off
-Qwen3-8B's step where one took 1.7% off Qwen3-0.6B's; packing bought Qwen3-0.6B 1.9% and cost Llama-3.2-1B 1.6%
-(docs/benchmarks.md, "How far graphs go"). So where asked, the step is planned by coordinate descent at prepare time
-(not timed): for each kind of product in turn (QKV, O, gate/up, down, lm_head; every layer's alike), each choice
-that differs in one respect from that kind's plan as its turn began, and launches differently, is captured as a whole
-step and timed against the best step so far in alternating blocks of graph replays (AB, BA, ...), as `harness ab`
-times two arms; it becomes the best where its median ratio is below TAKE_BELOW (so a kind may take two choices in
-turn, the later one timed against the earlier). Timing the whole step, not a product alone,
-keeps what the product costs its neighbours: the PDL overlap, L2.
+prefetch) were each fitted on a few models, and no single value suits them all: paired on one H200, two programs an
+SM took 1.4% off Qwen3-8B's step where one took 1.7% off Qwen3-0.6B's; packing bought Qwen3-0.6B 1.9% and cost
+Llama-3.2-1B 1.6% (docs/benchmarks.md, "How far graphs go"). So where asked, the step is planned by coordinate
+descent at prepare time (not timed): for each kind of product in turn (QKV, O, gate/up, down, lm_head; every layer's
+alike), each choice that differs in one respect from that kind's plan as its turn began, and launches differently, is
+captured as a whole step and timed against the best step so far in alternating blocks of graph replays (AB, BA, ...),
+as `harness ab` times two arms; it becomes the best where its median ratio is below TAKE_BELOW (so a kind may take
+two choices in turn, the later one timed against the earlier). Timing the whole step, not a product alone, keeps
+what the product costs its neighbours: the PDL overlap, L2. Measured on the H200: 4.0% off Qwen3-0.6B's step at
+context 1024 and 4.6% off Llama-3.1-8B's, paired (docs/benchmarks.md, "each product's plan timed").
 
 The choices change only how a product is launched and laid out, never what it computes (the same sums in fp32),
 and the run is verified against fp32 as any fused run.
