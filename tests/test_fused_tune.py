@@ -81,3 +81,33 @@ def test_a_job_that_cannot_time_the_step_says_it_did_not_tune():
     assert result.mode_tags["tune"].startswith("not applied: no GPU") and "tune_ms" not in result.metrics
     assert "tune=on" in result.mode_tags["fused"] and result.mode_tags["fused_plan"].startswith("qkv: ")
     assert run_config(*FUSED, "fused.tune=true").label.endswith("fused tune=on")
+
+
+def test_a_tuned_plan_is_kept_and_a_later_job_of_the_same_shape_takes_it_untimed(tmp_path):
+    decoder = fused_and_eager()[2]
+    favours_row_major_o = lambda trial, best: 0.97 if not trial.products()["o"].packed else 1.0  # noqa: E731
+    first, tuning = fused_tune.tuned(decoder, favours_row_major_o, False, tmp_path, "Some GPU", "GPU-1")
+    assert tuning.kept_from is None and not first.products()["o"].packed and len(list(tmp_path.iterdir())) == 1
+
+    def never(trial, best):
+        raise AssertionError("a kept plan is not timed again")
+
+    again, kept = fused_tune.tuned(fused_and_eager()[2], never, False, tmp_path, "Some GPU", "GPU-2")
+    assert kept.kept_from.startswith("GPU-1 at ") and kept.taken == tuning.taken and kept.tried == tuning.tried
+    assert {k: p.choice for k, p in again.products().items()} == {k: p.choice for k, p in first.products().items()}
+    assert kept.summary().endswith(f"(of {len(tuning.tried)} tried); kept from {kept.kept_from}")
+    # another kind of GPU, or other options, is timed again
+    other_gpu = fused_tune.tuned(fused_and_eager()[2], lambda trial, best: 1.0, False, tmp_path, "Other GPU", "GPU-3")
+    assert other_gpu[1].kept_from is None and len(list(tmp_path.iterdir())) == 2
+    unsplit = fused_and_eager(options=FusedOptions(pdl=False, split_k=False))[2]
+    assert fused_tune.plan_key(decoder, "Some GPU", False) != fused_tune.plan_key(unsplit, "Some GPU", False)
+    assert fused_tune.plan_key(decoder, "Some GPU", False) != fused_tune.plan_key(decoder, "Some GPU", True)
+
+
+def test_a_kept_plan_that_cannot_be_read_is_timed_again(tmp_path):
+    decoder = fused_and_eager()[2]
+    (tmp_path / f"{fused_tune.plan_key(decoder, 'Some GPU', False)}.json").write_text('{"choices": {"o": {"x": 1}}}')
+    timed = []
+    _, tuning = fused_tune.tuned(decoder, lambda trial, best: timed.append(1) or 1.0, False, tmp_path, "Some GPU", "G")
+    assert tuning.kept_from is None and timed  # timed, and the file written whole again
+    assert fused_tune._kept(next(tmp_path.glob("*.json"))) is not None

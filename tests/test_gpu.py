@@ -192,7 +192,10 @@ def test_a_tuned_fused_step_times_its_candidates_and_is_verified():
     m, tags = result.metrics, result.mode_tags
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert m["tune_candidates"] >= 10 and m["tune_ms"] > 0
-    assert tags["tune"].endswith(f"(of {m['tune_candidates']:.0f} tried)")
+    assert f"(of {m['tune_candidates']:.0f} tried)" in tags["tune"]
+    again = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1", "fused.tune=true"))  # the plan kept: untimed
+    assert again.failure is None and again.metrics["tune_kept"] == 1.0 and "; kept from GPU-" in again.mode_tags["tune"]
+    assert again.mode_tags["fused_plan"] == tags["fused_plan"]
     assert tags["fused_plan"].count("tiles") == 5  # QKV, O, gate/up, down, lm_head
     print(tags["tune"], "|", tags["fused_plan"])
 

@@ -14,13 +14,26 @@ context 1024 and 4.6% off Llama-3.1-8B's, paired (docs/benchmarks.md, "each prod
 
 The choices change only how a product is launched and laid out, never what it computes (the same sums in fp32),
 and the run is verified against fp32 as any fused run.
+
+A tuned plan is kept (`tuned`): a file per plan_key under the compile cache folder (`fused-plans/`), so that a later
+job of the same shape on the same kind of GPU, with the same kernels, takes it without timing again; delete the
+folder to time again.
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
+import triton
+
+from harness.kernels import fused_decode
 from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, FusedDecoder, PlanChoice, blocks_and_splits,
                                           tile_sizes)
 
@@ -32,11 +45,17 @@ SPLIT_KINDS = ("qkv", "o", "down")  # the products whose K may split (gate/up ne
 
 @dataclass
 class Tuning:
-    """What tuning did: every candidate tried, as 'kind: choice ratio', and the ones taken."""
+    """What tuning did: every candidate tried, as 'kind: choice ratio', and the ones taken; where the plan was kept
+    from an earlier job, what timed it (`kept_from`: the GPU and the date) and nothing was timed now."""
 
     tried: list[str] = field(default_factory=list)
     taken: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    kept_from: str | None = None
+
+    def summary(self) -> str:
+        said = f"{'; '.join(self.taken) or 'none faster'} (of {len(self.tried)} tried)"
+        return said + (f"; kept from {self.kept_from}" if self.kept_from else "")
 
 
 def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list[PlanChoice]:
@@ -79,3 +98,57 @@ def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], fl
                 tuning.taken.append(line)
     tuning.seconds = time.perf_counter() - started
     return best, tuning
+
+
+def plan_key(decoder: FusedDecoder, gpu: str, prefetch: bool) -> str:
+    """What a tuned plan holds for: the kind of GPU, the model's shapes, the batch rows, the longest prefix, the
+    options, and the kernels and tuner as they are (their source) under this Triton."""
+    first = decoder.cache.layers[0]
+    described = dict(
+        gpu=gpu, prefetch=prefetch, rows=decoder.rows, hidden=decoder.hidden, heads=decoder.heads,
+        kv_heads=decoder.kv_heads, head_dim=decoder.head_dim, layers=len(decoder.layers), dtype=str(first.keys.dtype),
+        capacity=first.max_cache_len, longest_prefix=decoder.longest_prefix,
+        options=dataclasses.asdict(decoder.options), triton=triton.__version__,
+        shapes={kind: [product.n, product.k] for kind, product in decoder.products().items()},
+        source=hashlib.sha256(Path(fused_decode.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest())
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def tuned(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], float], prefetch: bool,
+          folder: Path, gpu: str, gpu_id: str) -> tuple[FusedDecoder, Tuning]:
+    """tune(), or the plan an earlier job of the same plan_key kept in `folder` (no candidate timed); a plan tuned
+    here is kept there for the next."""
+    key = plan_key(decoder, gpu, prefetch)
+    path = folder / f"{key}.json"
+    if (kept := _kept(path)) is not None:
+        started = time.perf_counter()
+        for kind, choice in kept["choices"].items():
+            if choice != decoder.products()[kind].choice:
+                decoder = decoder.replanned(kind, choice)
+        tuning = Tuning(kept["tried"], kept["taken"], time.perf_counter() - started,
+                        f"{kept['gpu_id']} at {kept['when']} ({path})")
+        return decoder, tuning
+    decoder, tuning = tune(decoder, ratio, prefetch)
+    _keep(path, decoder, tuning, gpu_id)
+    return decoder, tuning
+
+
+def _kept(path: Path) -> dict | None:
+    """A kept plan, or None where there is none or it cannot be read (then the step is timed again)."""
+    try:
+        kept = json.loads(path.read_text())
+        kept["choices"] = {kind: PlanChoice(**choice) for kind, choice in kept["choices"].items()}
+        return kept
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _keep(path: Path, decoder: FusedDecoder, tuning: Tuning, gpu_id: str) -> None:
+    """Written whole or not at all (a temporary file renamed), so that jobs beside this one never read half."""
+    choices = {kind: dataclasses.asdict(product.choice) for kind, product in decoder.products().items()}
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(dict(choices=choices, tried=tuning.tried, taken=tuning.taken, gpu_id=gpu_id,
+                                         when=when), indent=1))
+    os.replace(temporary, path)

@@ -47,19 +47,24 @@ class FusedStepper(GraphedStepper):
 
     def _tune(self, prompt: torch.Tensor) -> None:
         """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused_tune.py), from
-        the context's position; where no GPU times it, the rules' plan, and the tag says so."""
+        the context's position, or kept from an earlier job of the same shape on this kind of GPU; where no GPU times
+        it, the rules' plan, and the tag says so."""
         if not prompt.is_cuda:
             self.tags["tune"] = "not applied: no GPU to time the step on (Triton's interpreter); the rules' plan"
             return
-        from harness.kernels.fused_tune import tune
+        from harness.kernels.fused_tune import tuned
+        from harness.kernels.triton_runtime import compile_cache_dir
 
         capacity = self.cache.layers[0].max_cache_len
         position = max(0, min(prompt.shape[1], capacity - REPLAYS - SIDE_STREAM_WARMUP - 1))
-        hopper = torch.cuda.get_device_capability(prompt.device)[0] >= 9  # the bulk prefetch is sm_90's
-        self.decoder, tuning = tune(self.decoder, StepTimer(position).ratio, prefetch=hopper)
+        gpu = torch.cuda.get_device_properties(prompt.device)
+        hopper = gpu.major >= 9  # the bulk prefetch is sm_90's
+        gpu_id = "GPU-" + str(getattr(gpu, "uuid", "") or "?").removeprefix("GPU-")
+        self.decoder, tuning = tuned(self.decoder, StepTimer(position).ratio, hopper,
+                                     compile_cache_dir() / "fused-plans", gpu.name, gpu_id)
         self.metrics.update(tune_ms=tuning.seconds * 1e3, tune_candidates=float(len(tuning.tried)),
-                            tune_taken=float(len(tuning.taken)))
-        self.tags["tune"] = ("; ".join(tuning.taken) or "none faster") + f" (of {len(tuning.tried)} tried)"
+                            tune_taken=float(len(tuning.taken)), tune_kept=float(tuning.kept_from is not None))
+        self.tags["tune"] = tuning.summary()
 
     def forward(self) -> torch.Tensor:
         return self.decoder.step()
