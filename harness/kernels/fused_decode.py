@@ -569,11 +569,13 @@ def blocks_and_splits(n: int, k: int, bk: int, split_k: bool, per_sm: int | None
     return bn, splits
 
 
-def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes: int, options: FusedOptions) -> int:
+def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes: int,
+                   asked: FusedOptions | PlanChoice) -> int:
     """Bytes each program of a product asks L2 for before its PDL wait: its share of L2_PREFETCH_BYTES, at most its
-    slice of the weights, in the bulk prefetch's 16-byte units. 0 where it does not apply: row-major weights (a
-    program's tiles are not one run), or Triton's interpreter (no inline PTX)."""
-    if not (options.prefetch and options.packed) or interpreted():
+    slice of the weights, in the bulk prefetch's 16-byte units. 0 where it does not apply: not asked (`asked`: the
+    run's options, or the product's own plan choice), row-major weights (a program's tiles are not one run), or
+    Triton's interpreter (no inline PTX)."""
+    if not (asked.prefetch and asked.packed) or interpreted():
         return 0
     programs = triton.cdiv(n, bn) * splits
     slice_bytes = triton.cdiv(triton.cdiv(k, bk), splits) * bn * bk * element_bytes
@@ -610,10 +612,9 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     bk = tile_sizes(n, k)[1]
     choice = choice or default_choice(n, k, options, rows, hidden)
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
-    chosen = replace(options, packed=choice.packed, prefetch=choice.prefetch)
     return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), chosen), choice)
+                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), choice), choice)
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1,
@@ -625,9 +626,8 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     choice = choice or default_choice(2 * gate.shape[0], k, options, rows, hidden)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
-    chosen = replace(options, packed=choice.packed, prefetch=choice.prefetch)
     return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), chosen), choice)
+                   choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice), choice)
 
 
 # Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two

@@ -34,8 +34,7 @@ from typing import Callable
 import triton
 
 from harness.kernels import fused_decode
-from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, FusedDecoder, PlanChoice, blocks_and_splits,
-                                          tile_sizes)
+from harness.kernels.fused_decode import FEWER_WARPS, PRODUCT_KINDS, FusedDecoder, PlanChoice, blocks_and_splits
 
 TAKE_BELOW = 0.995  # a candidate replaces the plan where its step's median ratio to the plan's is below this
 PER_SM_CHOICES = (1, 2, 4)  # programs an SM a split product may aim at
@@ -71,10 +70,9 @@ def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list
     if prefetch and current.packed:
         found.append(replace(current, prefetch=not current.prefetch))
     if kind in SPLIT_KINDS and options.split_k:
-        bk = tile_sizes(product.n, product.k)[1]
         layouts = {(product.bn, product.splits)}
         for per_sm in PER_SM_CHOICES:
-            layout = blocks_and_splits(product.n, product.k, bk, True, per_sm)
+            layout = blocks_and_splits(product.n, product.k, product.bk, True, per_sm)
             if layout not in layouts:
                 layouts.add(layout)
                 found.append(replace(current, per_sm=per_sm))
@@ -121,25 +119,27 @@ def tuned(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], f
     key = plan_key(decoder, gpu, prefetch)
     path = folder / f"{key}.json"
     if (kept := _kept(path)) is not None:
+        choices, tuning = kept
         started = time.perf_counter()
-        for kind, choice in kept["choices"].items():
+        for kind, choice in choices.items():
             if choice != decoder.products()[kind].choice:
                 decoder = decoder.replanned(kind, choice)
-        tuning = Tuning(kept["tried"], kept["taken"], time.perf_counter() - started,
-                        f"{kept['gpu_id']} at {kept['when']} ({path})")
+        tuning.seconds = time.perf_counter() - started
         return decoder, tuning
     decoder, tuning = tune(decoder, ratio, prefetch)
     _keep(path, decoder, tuning, gpu_id)
     return decoder, tuning
 
 
-def _kept(path: Path) -> dict | None:
-    """A kept plan, or None where there is none or it cannot be read (then the step is timed again)."""
+def _kept(path: Path) -> tuple[dict[str, PlanChoice], Tuning] | None:
+    """A kept plan (each kind's choice, and what timed it), or None where there is none or any of it cannot be read
+    (then the step is timed again)."""
     try:
         kept = json.loads(path.read_text())
-        kept["choices"] = {kind: PlanChoice(**choice) for kind, choice in kept["choices"].items()}
-        return kept
-    except (OSError, ValueError, TypeError, KeyError):
+        choices = {kind: PlanChoice(**kept["choices"][kind]) for kind in PRODUCT_KINDS}
+        return choices, Tuning(list(kept["tried"]), list(kept["taken"]),
+                               kept_from=f"{kept['gpu_id']} at {kept['when']} ({path})")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
