@@ -149,7 +149,7 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
     assert m["kernel_launches_per_step"] == 5 * 2 + 1  # five a layer, the attention folded into one
     # on a CPU the GPU's techniques are off, and the tag says so
-    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off"
+    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off slices=off"
     prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false", "fused.fold_attention=false")
     assert prefetched.label.endswith("fused split_k=off prefetch=on fold_attention=off")  # each switch named where off its default
     # the label's defaults are the schema's: a default changed in one place only would name (or hide) a switch
@@ -248,13 +248,26 @@ def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch
 
 def test_products_take_fewer_warps_from_32_batch_rows_in_a_wide_model(monkeypatch):
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
-    weight, options = torch.zeros(256, 128), FusedOptions()
+    weight, options = torch.zeros(256, 128), FusedOptions(slices=False)  # the tiles' rule at every batch
     warps = [fused_decode.plan(weight, options, True, rows, hidden=4096).warps for rows in (1, 8, 31, 32, 64)]
     assert warps == [8, 8, 8, 4, 4]
     assert fused_decode.plan(weight, options, True, 32, hidden=2048).warps == 8  # a 1B model keeps eight
     gate = torch.zeros(128, 128)
     assert [fused_decode.plan_swiglu(gate, gate, options, rows, hidden).warps
             for hidden in (2048, 4096) for rows in (8, 32)] == [8, 8, 8, 4]
+    # fused.slices (on by default) plans row slices at one row for gate/up, down and lm_head of a model up to 2048
+    # wide (tiles from two rows, for QKV and O, and in an 8B model); an unsplit slice of 2048 columns or more on
+    # eight warps, a split one on SLICE_WARPS
+    sliced = [fused_decode.plan(weight, FusedOptions(), True, rows, hidden, kind=kind)
+              for rows, kind, hidden in ((1, "down", 2048), (2, "down", 2048), (1, "qkv", 1024), (1, "o", 1024),
+                                         (1, "down", 4096))]
+    assert [(p.choice.slices, p.dot, p.warps) for p in sliced] == [
+        (True, False, fused_decode.SLICE_WARPS), (False, True, 8), (False, True, 8), (False, True, 8), (False, True, 8)]
+    wide = torch.zeros(256, 2048)
+    assert fused_decode.plan(wide, FusedOptions(), False, 1, 2048, kind="lm_head").warps == 8
+    assert fused_decode.plan(torch.zeros(256, 1024), FusedOptions(), False, 1, 1024, kind="lm_head").warps == 4
+    assert fused_decode.plan_swiglu(wide, wide, FusedOptions(), 1, 2048).warps == 8
+    assert fused_decode.plan(wide, FusedOptions(split_k=False), True, 1, 2048, kind="down").warps == 8  # unsplit
 
 
 def test_each_program_prefetches_its_share_of_the_l2_budget_never_past_its_slice(monkeypatch):
@@ -311,7 +324,8 @@ from harness.kernels.fused_decode import _attention, _matvec, _rope_append
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
-names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "STAGES"]
+names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "STAGES",
+         "ONE_TILE"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
@@ -320,10 +334,15 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32"),
     dict(INPUT=0, NORM=True, OUTPUT=3, SPLITS=2, BUMP=False, PACKED=True, X="*fp32", W="*fp32", Gain="*fp32"),  # dtype=fp32
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, X="*bf16", STAGES=3),
+    # fused.slices at bs=1: gate/up's whole rows, and down's rows in splits of K added atomically, on CUDA cores
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=False, X="*fp32", Out="*bf16", ROWS=1, BN=4,
+         BK=2048, DOT=False, ONE_TILE=True),
+    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=4, BUMP=False, PACKED=False, ROWS=1, BN=4, BK=2048, DOT=False,
+         ONE_TILE=True),
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
-    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0),
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0, ONE_TILE=False),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
     # as Triton's JIT specialises them on the GPU: pointers and the sizes that are multiples of 16 marked so
     aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name in (
@@ -373,5 +392,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 6 + ["attention", "True"] * 2
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["attention", "True"] * 2
                                    + ["rope_append", "True"])

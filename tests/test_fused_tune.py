@@ -31,12 +31,49 @@ def test_a_replanned_product_launches_differently_and_computes_eager_logits(kind
     decode_like_eager(eager, run, trial, 3)
 
 
+@pytest.mark.parametrize("hidden", [64, 96], ids=["splits-whole", "splits-ragged"])
+def test_row_slices_split_over_k_compute_eager_logits(monkeypatch, hidden):
+    """fused.slices with K split (narrow splits here, so that a tiny model's products split): each split's input,
+    squares and sums only its own columns, where the splits are whole BK (64 = 2 x 32) or ragged (96 = 4 x 24 in
+    BK of 32: the loads past a split's end masked), and gate/up (never split) takes whole rows in halves."""
+    monkeypatch.setattr(fused_decode, "SLICE_COLUMNS", 32)
+    monkeypatch.setattr(fused_decode, "SLICE_VALUES_A_THREAD", 2)
+    eager, run, decoder = fused_and_eager(f"model.hidden_size={hidden}")
+    for kind in PRODUCT_KINDS:
+        decoder = decoder.replanned(kind, PlanChoice(2, True, 4, slices=True))
+    products = decoder.products()
+    assert all(p.one_tile and not p.packed and "row slices" in str(p) for p in products.values())
+    assert products["qkv"].splits == {64: 2, 96: 4}[hidden] and products["o"].splits == 2  # O's K: 4 heads x 16
+    assert products["down"].splits == 4
+    assert products["gate_up"].splits == products["lm_head"].splits == 1 and products["gate_up"].bn == {64: 4, 96: 2}[hidden]
+    decode_like_eager(eager, run, decoder, 3)
+
+
+def test_slice_layout_fills_a_thread_with_whole_rows_of_a_split():
+    # Llama-3.1-8B's down (4096 x 14336): 8 splits of 1792 in BK of 2048, 4 rows a program on four warps
+    assert fused_decode.slice_layout(4096, 14336, True, 4) == (4, 2048, 8)
+    assert fused_decode.slice_layout(4096, 14336, True, 8) == (8, 2048, 8)
+    # Qwen3-0.6B's down (1024 x 3072): 2 splits of 1536; unsplit (lm_head, gate/up) its whole K: 2 rows at least
+    assert fused_decode.slice_layout(1024, 3072, True, 4) == (4, 2048, 2)
+    assert fused_decode.slice_layout(128256, 4096, False, 4) == (2, 4096, 1)
+    assert fused_decode.slice_layout(2048, 2048, True, 4) == (4, 2048, 1)
+
+
 def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monkeypatch):
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
 
-    def decoder_of(kind: str, n: int, k: int, options=FusedOptions()):
-        product = fused_decode.plan(torch.zeros(n, k), options, True, choice=PlanChoice(2, options.packed, 8))
-        return SimpleNamespace(options=options, products=lambda: {kind: product})
+    def decoder_of(kind: str, n: int, k: int, options=FusedOptions(), rows: int = 8, choice=None):
+        choice = choice or PlanChoice(2, options.packed, 8)
+        product = fused_decode.plan(torch.zeros(n, k), options, True, choice=choice)
+        return SimpleNamespace(options=options, rows=rows, products=lambda: {kind: product})
+
+    # at one row, the slices are a candidate; a sliced product's candidates are its warps and the tiles
+    assert PlanChoice(2, True, 4, slices=True) in fused_tune.candidates(decoder_of("o", 2048, 2048, rows=1), "o")
+    sliced = decoder_of("o", 2048, 2048, rows=1, choice=PlanChoice(2, True, 4, slices=True))
+    assert fused_tune.candidates(sliced, "o", prefetch=True) == [PlanChoice(2, True, 8, slices=True),
+                                                                 PlanChoice(2, True, 8)]
+    assert all(not c.slices for c in fused_tune.candidates(decoder_of("o", 2048, 2048, FusedOptions(slices=False),
+                                                                      rows=1), "o"))
 
     # Qwen3-8B's QKV (6144 x 4096): 96 blocks split 4 ways at 2 programs an SM, 2 ways at 1, 8 ways at 4
     assert fused_tune.candidates(decoder_of("qkv", 6144, 4096), "qkv") == [

@@ -180,7 +180,7 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
     m = result.metrics
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert len(result.step_ms) * graph_steps == QWEN_DECODE_TOKENS  # one sample a replay of graph_steps
-    assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on prefetch=off fold_attention=on tune=off"
+    assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on prefetch=off fold_attention=on tune=off slices=on"
     assert "captured" not in result.mode_tags
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
 
@@ -196,7 +196,7 @@ def test_a_tuned_fused_step_times_its_candidates_and_is_verified():
     again = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1", "fused.tune=true"))  # the plan kept: untimed
     assert again.failure is None and again.metrics["tune_kept"] == 1.0 and "; kept from GPU-" in again.mode_tags["tune"]
     assert again.mode_tags["fused_plan"] == tags["fused_plan"]
-    assert tags["fused_plan"].count("tiles") == 5  # QKV, O, gate/up, down, lm_head
+    assert tags["fused_plan"].count("tiles") + tags["fused_plan"].count("row slices") == 5  # QKV, O, gate/up, down, lm_head
     print(tags["tune"], "|", tags["fused_plan"])
 
 

@@ -109,6 +109,10 @@ class FusedConfig:
     # step against the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan, so that an
     # ablation of one technique runs one plan
     tune: bool = False
+    # at bs=1, each product's program loads a few whole rows of the weight times a split of K in one go before its
+    # PDL wait and sums them on CUDA cores (harness/kernels/fused_decode.py, slice_layout); off: 64 x 128 tiles on
+    # tensor cores in a loop, as at larger batches
+    slices: bool = True
 
 
 FUSED_FAMILIES = ("llama", "qwen3")  # the model types whose dense decoder layer mode=fused computes

@@ -25,7 +25,11 @@ or leave partial sums that the consumer adds: no extra launch). Weights are pack
 program reads its tiles as contiguous runs of 16-byte loads. With programmatic dependent launch each kernel is
 scheduled while its predecessor drains, and loads its first weight tile before it waits for the predecessor's results.
 
-`FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`). On a machine
+At bs=1 (fused.slices) gate/up, down and lm_head take another shape: each program multiplies a few whole rows of the
+weight by a split of K, loaded in one go before its PDL wait and summed on CUDA cores, so that all of its loads are in
+flight at once (the register file holds them, not a loop), and a product launches thousands of programs.
+
+`FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`, `fused.slices`). On a machine
 without an NVIDIA GPU the kernels run in Triton's interpreter (fp32 products; tests).
 """
 from __future__ import annotations
@@ -110,6 +114,26 @@ MERGE_HEADS_TOGETHER = False
 # right, in longer chunks). Llama-3.2-1B at the study's workload (capacity 16384, prefix 32-169: 4 chunks a KV head,
 # not 64) took 1.6% less a step, paired on one H200; the others' grids are the same either way
 CHUNKS_BY_PREFIX = True
+# fused.slices: where a step decodes at most SLICE_MAX_ROWS rows, each product's program multiplies a few whole rows
+# of the weight (row-major) by a split of K of at most SLICE_COLUMNS, loaded in one go before its PDL wait and
+# summed on CUDA cores, instead of looping over 64 x 128 tiles on tensor cores: all of a program's weight bytes are
+# in flight at once, held by the register file rather than a loop (benchmarks/matvec_slices.py). A thread holds
+# SLICE_VALUES_A_THREAD of the slice's values; the rows a program takes follow from that and the warps.
+# Which kinds of product the rules slice, and on how many warps: the majority of fused.tune's choices on one H200
+# (GPU-ef817e74, 2026-12-03): Qwen3-0.6B and Llama-3.1-8B kept the slices for gate/up, down and lm_head and took the
+# tiles back for QKV and O (1.0-1.8% faster; Llama-3.2-1B kept all sliced but gate/up); an unsplit slice of K >=
+# SLICE_MORE_WARPS_FROM columns (gate/up, lm_head) took eight warps over four (Llama-3.1-8B's gate/up 6.3% off its
+# step, Llama-3.2-1B's 1.3%). Those rules,
+# paired against the tiles on another H200 (GPU-df1d07d8): Qwen3-0.6B at context 1024 -6.2%, Llama-3.2-1B at the
+# study's workload -0.7%, Llama-3.1-8B -0.9%, Qwen3-8B +7.3%; so the rules slice only models up to
+# SLICE_MAX_HIDDEN wide (fused.tune still tries the slices in any)
+SLICE_MAX_HIDDEN = 2048
+SLICE_MAX_ROWS = 1
+SLICE_COLUMNS = 2048
+SLICE_VALUES_A_THREAD = 64
+SLICE_WARPS = 4
+SLICED_KINDS = ("gate_up", "down", "lm_head")
+SLICE_MORE_WARPS_FROM = 2048
 
 
 @dataclass(frozen=True)
@@ -121,6 +145,9 @@ class FusedOptions:
     # RoPE, the K/V append and the chunks' merge inside the attention kernel: one launch a layer; off, three
     fold_attention: bool = True
     tune: bool = False  # each kind of product's plan timed in the step at prepare (fused_tune.py; on a GPU)
+    # at SLICE_MAX_ROWS rows, SLICED_KINDS as whole rows of the weight times a split of K, on CUDA cores
+    # (slice_layout; default_choice says where)
+    slices: bool = True
 
 
 @triton.jit
@@ -172,11 +199,12 @@ def _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN: tl.constexp
 
 
 @triton.jit
-def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl.constexpr, NORM: tl.constexpr,
-                ROWS: tl.constexpr, BK: tl.constexpr):
-    """The product's input rows [ROWS, BK] at columns k0.., in fp32, and their squares' sum (before the gain)."""
+def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT: tl.constexpr,
+                NORM: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
+    """The product's input rows [ROWS, BK] at columns k0.. (none at or past k_end, the split's end: a slice's BK may
+    pass it), in fp32, and their squares' sum (before the gain)."""
     r, k = tl.arange(0, ROWS), k0 + tl.arange(0, BK)
-    inside = (r < rows)[:, None] & (k < k_total)[None, :]
+    inside = (r < rows)[:, None] & (k < k_end)[None, :]
     if INPUT == 1:  # EMBEDDING: the rows of the embedding table that the input ids name, the residual's first value
         ids = tl.load(Ids + r, mask=r < rows, other=0)
         x = tl.load(X + ids[:, None] * k_total + k[None, :], mask=inside, other=0.0).to(tl.float32)
@@ -186,7 +214,7 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT: tl
         x = tl.load(X + r[:, None] * x_row + k[None, :], mask=inside, other=0.0).to(tl.float32)
     squares = tl.sum(x * x, 1)
     if NORM:
-        x = x * tl.load(Gain + k, mask=k < k_total, other=0.0).to(tl.float32)[None, :]
+        x = x * tl.load(Gain + k, mask=k < k_end, other=0.0).to(tl.float32)[None, :]
     return x, squares
 
 
@@ -195,7 +223,7 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
             k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
-            STAGES: tl.constexpr = 0):
+            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
@@ -205,7 +233,8 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
     acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
-                                pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES)
+                                pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
+                                ONE_TILE)
     if DOT:
         acc = tl.trans(acc)
     # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
@@ -222,25 +251,33 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
 def _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles, pid_n,
                  prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr,
-                 STAGES: tl.constexpr):
+                 STAGES: tl.constexpr, ONE_TILE: tl.constexpr = False):
     """The product over the split's K, from its first tile `w`, loaded before the PDL wait: the sums [BN, ROWS]
     (tensor cores: the weight tile is the MMA's left operand, its columns fill the MMA's M, which a handful of batch
-    rows could not) or [ROWS, BN], and the input's squares [ROWS]."""
+    rows could not) or [ROWS, BN], and the input's squares [ROWS]. ONE_TILE: the split is that one tile (no loop,
+    and no registers held for a next tile)."""
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
-    if STAGES > 0:  # the first tile from registers, then Triton's pipeliner: STAGES tiles in flight through smem
-        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_total, pid_n, INPUT, NORM, ROWS, BK)
+    if ONE_TILE:
+        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_end, k_total, pid_n, INPUT, NORM,
+                                 ROWS, BK)
+        acc = _multiply_add(acc, w, x, DOT)
+    elif STAGES > 0:  # the first tile from registers, then Triton's pipeliner: STAGES tiles in flight through smem
+        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_end, k_total, pid_n, INPUT, NORM,
+                                 ROWS, BK)
         acc = _multiply_add(acc, w, x, DOT)
         for k0 in tl.range(k_start + BK, k_end, BK, num_stages=STAGES):
             w = _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
-            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
+            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT, NORM, ROWS,
+                                BK)
             acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
     else:  # the next tile is loaded before this one is used
         for k0 in range(k_start, k_end, BK):
             if PREFETCH:
                 _prefetch_tile_ahead(W, pid_n, k0 + prefetch_ahead, k_end, k_tiles, prefetch_ahead > 0, BN, BK)
             w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
-            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_total, pid_n, INPUT, NORM, ROWS, BK)
+            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT, NORM, ROWS,
+                                BK)
             acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
             w = w_next
     return acc, squares
@@ -474,7 +511,8 @@ class Product:
     choice: PlanChoice | None = None  # what planned it
 
     def __str__(self) -> str:
-        return (f"{self.bn}x{self.bk} tiles, {self.splits} split{'s' * (self.splits > 1)}, {self.warps} warps, "
+        shape = f"{self.bn}x{self.bk} " + ("row slices" if self.choice and self.choice.slices else "tiles")
+        return (f"{shape}, {self.splits} split{'s' * (self.splits > 1)}, {self.warps} warps, "
                 f"{'packed' if self.packed else 'row-major'}" + ", L2 prefetch" * (self.prefetch_bytes > 0))
 
     @property
@@ -488,6 +526,11 @@ class Product:
     @property
     def grid(self) -> tuple[int, int]:
         return triton.cdiv(self.n, self.bn), self.splits
+
+    @property
+    def one_tile(self) -> bool:
+        """Whether each K split is a single tile (BK covers it)."""
+        return self.bk >= triton.cdiv(self.k, self.splits)
 
     @property
     def k_tiles(self) -> int:
@@ -569,6 +612,17 @@ def blocks_and_splits(n: int, k: int, bk: int, split_k: bool, per_sm: int | None
     return bn, splits
 
 
+def slice_layout(n: int, k: int, splittable: bool, warps: int) -> tuple[int, int, int]:
+    """(rows a program, BK, K splits) of fused.slices: K split in two until a split is SLICE_COLUMNS or fewer (where
+    `splittable`), BK the split's length to the next power of two (the loads past it masked), and as many rows as
+    keep SLICE_VALUES_A_THREAD of the slice in each of `warps` warps' threads (two at least: gate/up's halves)."""
+    splits = 1
+    while splittable and triton.cdiv(k, splits) > SLICE_COLUMNS:
+        splits *= 2
+    bk = triton.next_power_of_2(triton.cdiv(k, splits))
+    return max(2, SLICE_VALUES_A_THREAD * warps * 32 // bk), bk, splits
+
+
 def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes: int,
                    asked: FusedOptions | PlanChoice) -> int:
     """Bytes each program of a product asks L2 for before its PDL wait: its share of L2_PREFETCH_BYTES, at most its
@@ -593,24 +647,41 @@ class PlanChoice:
     packed: bool = True
     warps: int = 8
     prefetch: bool = False  # its programs ask L2 for their first weights before the PDL wait (packed, Hopper)
+    slices: bool = False  # whole-K row slices on CUDA cores (slice_layout; row-major: packed and prefetch unused)
 
     def __str__(self) -> str:
+        if self.slices:
+            return f"slices {self.warps}w"
         return (f"{self.per_sm}/SM {'packed' if self.packed else 'row-major'} {self.warps}w"
                 + " prefetch" * self.prefetch)
 
 
-def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int) -> PlanChoice:
-    """The rules' plan for an n x k product at `rows` batch rows of a model of `hidden` size."""
+def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int, kind: str = "") -> PlanChoice:
+    """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) at `rows` batch rows of a model of `hidden`
+    size: fused.slices for SLICED_KINDS where the rows are few enough and the model SLICE_MAX_HIDDEN wide at most, on a
+    GPU (in Triton's interpreter, whose cost is per program, tiles)."""
+    if kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows):
+        unsplit = kind != "down" or not options.split_k
+        warps = 8 if unsplit and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
+        return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
     return PlanChoice(PROGRAMS_PER_SM, options.packed, warps_for(tile_sizes(n, k)[2], rows, hidden), options.prefetch)
 
 
+def slices_apply(options: FusedOptions, rows: int) -> bool:
+    """Whether the rules plan fused.slices: asked, at SLICE_MAX_ROWS rows or fewer, on a GPU."""
+    return options.slices and rows <= SLICE_MAX_ROWS and not interpreted()
+
+
 def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: int = 1, hidden: int = 0,
-         choice: PlanChoice | None = None) -> Product:
+         choice: PlanChoice | None = None, kind: str = "") -> Product:
     """How to run x @ weight.T for `rows` batch rows of a model of `hidden` size (as `choice` says, else by the
     rules), and the weight as the kernel reads it."""
     n, k = weight.shape
     bk = tile_sizes(n, k)[1]
-    choice = choice or default_choice(n, k, options, rows, hidden)
+    choice = choice or default_choice(n, k, options, rows, hidden, kind)
+    if choice.slices:
+        bn, bk, splits = slice_layout(n, k, options.split_k and splittable, choice.warps)
+        return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice)
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
     return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
@@ -623,7 +694,11 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     for `rows` batch rows of a model of `hidden` size."""
     k = gate.shape[1]
     bn, bk, _ = tile_sizes(2 * gate.shape[0], k)
-    choice = choice or default_choice(2 * gate.shape[0], k, options, rows, hidden)
+    choice = choice or default_choice(2 * gate.shape[0], k, options, rows, hidden, "gate_up")
+    if choice.slices:
+        bn, bk, _ = slice_layout(2 * gate.shape[0], k, False, choice.warps)
+        paired = pair_blocks(gate, up, bn // 2)
+        return Product(paired, paired.shape[0], k, bn, bk, 1, False, False, choice.warps, 0, choice)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
@@ -697,7 +772,7 @@ class FusedDecoder:
         if kind == "gate_up":
             return plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
                                choice=choice)
-        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice)
+        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice, kind=kind)
 
     def products(self) -> dict[str, Product]:
         """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""
@@ -768,7 +843,7 @@ class FusedDecoder:
             product.prefetch_bytes, product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output,
             SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows,
             BN=product.bn, BK=product.bk, PACKED=product.packed, DOT=product.dot,
-            PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES,
+            PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
             num_warps=product.warps, **self._launch())
 
     def _launch(self) -> dict:

@@ -34,7 +34,8 @@ from typing import Callable
 import triton
 
 from harness.kernels import fused_decode
-from harness.kernels.fused_decode import FEWER_WARPS, PRODUCT_KINDS, FusedDecoder, PlanChoice, blocks_and_splits
+from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, SLICE_WARPS, FusedDecoder, PlanChoice,
+                                          blocks_and_splits, slices_apply)
 
 TAKE_BELOW = 0.995  # a candidate replaces the plan where its step's median ratio to the plan's is below this
 PER_SM_CHOICES = (1, 2, 4)  # programs an SM a split product may aim at
@@ -59,12 +60,17 @@ class Tuning:
 
 def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list[PlanChoice]:
     """The choices one respect away from `kind`'s current plan that launch differently: the other warp count,
-    packed or not (where fused.packed leaves packing on), the L2 prefetch before the PDL wait on or off (where
-    `prefetch`: a Hopper GPU; packed weights), and each other programs-an-SM target that changes the product's
-    blocks or splits (where fused.split_k leaves splitting on)."""
+    fused.slices or tiles (where the slices apply); and for tiles, packed or not (where fused.packed leaves packing
+    on), the L2 prefetch before the PDL wait on or off (where `prefetch`: a Hopper GPU; packed weights), and each
+    other programs-an-SM target that changes the product's blocks or splits (where fused.split_k leaves splitting
+    on)."""
     product, options = decoder.products()[kind], decoder.options
     current = product.choice
     found = [replace(current, warps=w) for w in WARPS_CHOICES if w != current.warps]
+    if slices_apply(options, decoder.rows):  # fused.slices: the tiles instead, or back
+        found.append(replace(current, slices=not current.slices, warps=SLICE_WARPS if not current.slices else 8))
+    if current.slices:  # row-major slices: packing, the prefetch and the tiles' splits do not apply
+        return found
     if options.packed:
         found.append(replace(current, packed=not current.packed, prefetch=False))
     if prefetch and current.packed:

@@ -128,11 +128,11 @@ class FusedMode(DecodeMode):
 
         if (problem := family_problem(model)) is not None:
             raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
-        # PDL and the bulk L2 prefetch are Hopper's (sm_90): off elsewhere, and so tagged
+        # PDL and the bulk L2 prefetch are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
         hopper = prompt.is_cuda and torch.cuda.get_device_capability(prompt.device)[0] >= 9
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
                                prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention,
-                               tune=cfg.fused.tune)
+                               tune=cfg.fused.tune, slices=cfg.fused.slices and prompt.is_cuda)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
