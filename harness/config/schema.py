@@ -109,9 +109,9 @@ class FusedConfig:
     # step against the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan, so that an
     # ablation of one technique runs one plan
     tune: bool = False
-    # at bs=1, each product's program loads a few whole rows of the weight times a split of K in one go before its
-    # PDL wait and sums them on CUDA cores (harness/kernels/fused_decode.py, slice_layout); off: 64 x 128 tiles on
-    # tensor cores in a loop, as at larger batches
+    # at bs=1, in a model up to 2048 wide, each program of gate/up, down and lm_head loads a few whole rows of the
+    # weight times a split of K in one go before its PDL wait and sums them on CUDA cores (harness/kernels/
+    # fused_decode.py, slice_layout); off: 64 x 128 tiles on tensor cores in a loop, as at larger batches
     slices: bool = True
 
 

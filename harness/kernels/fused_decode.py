@@ -29,8 +29,8 @@ At bs=1 (fused.slices) gate/up, down and lm_head take another shape: each progra
 weight by a split of K, loaded in one go before its PDL wait and summed on CUDA cores, so that all of its loads are in
 flight at once (the register file holds them, not a loop), and a product launches thousands of programs.
 
-`FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`, `fused.slices`). On a machine
-without an NVIDIA GPU the kernels run in Triton's interpreter (fp32 products; tests).
+`FusedOptions` turns each technique off for ablations (`fused.pdl`, `fused.split_k`, `fused.packed`, `fused.slices`).
+On a machine without an NVIDIA GPU the kernels run in Triton's interpreter (fp32 products; tests).
 """
 from __future__ import annotations
 
@@ -123,10 +123,10 @@ CHUNKS_BY_PREFIX = True
 # (GPU-ef817e74, 2026-12-03): Qwen3-0.6B and Llama-3.1-8B kept the slices for gate/up, down and lm_head and took the
 # tiles back for QKV and O (1.0-1.8% faster; Llama-3.2-1B kept all sliced but gate/up); an unsplit slice of K >=
 # SLICE_MORE_WARPS_FROM columns (gate/up, lm_head) took eight warps over four (Llama-3.1-8B's gate/up 6.3% off its
-# step, Llama-3.2-1B's 1.3%). Those rules,
-# paired against the tiles on another H200 (GPU-df1d07d8): Qwen3-0.6B at context 1024 -6.2%, Llama-3.2-1B at the
-# study's workload -0.7%, Llama-3.1-8B -0.9%, Qwen3-8B +7.3%; so the rules slice only models up to
-# SLICE_MAX_HIDDEN wide (fused.tune still tries the slices in any)
+# step, Llama-3.2-1B's 1.3%). Those rules, paired against the tiles on another H200 (GPU-df1d07d8): Qwen3-0.6B at
+# context 1024 -6.2%, Llama-3.2-1B at the study's workload -0.7%, Llama-3.1-8B -0.9%, Qwen3-8B +7.3%; so the rules
+# slice only models up to SLICE_MAX_HIDDEN wide (fused.tune still tries the slices in any: tuned from the tiles,
+# neither 8B model took one, GPU-c4d8dfd1; docs/benchmarks.md, "fused.slices")
 SLICE_MAX_HIDDEN = 2048
 SLICE_MAX_ROWS = 1
 SLICE_COLUMNS = 2048
