@@ -43,7 +43,7 @@ def slice_plans(n: int, k: int):
             yield bn, bk, splits, warps
 
 
-def timed(n: int, k: int, product_of, label: str, splittable: bool) -> tuple[float, str]:
+def timed(n: int, k: int, product_of, label: str) -> tuple[float, str]:
     """µs a launch of x [1, k] @ w.T over a ring of weight copies, checked against fp32 on the first."""
     copies = max(2, -(-RING_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
@@ -78,13 +78,13 @@ def main(models: list[str]) -> None:
             splittable = name not in ("gate_up", "lm_head")
             tiles = fd.FusedOptions(slices=False)  # the plan at larger batches, and fused.slices=false's
             rows = [timed(n, k, lambda w: fd.plan(w, tiles, splittable, 1, k), "tiles: " + str(fd.plan(
-                torch.empty(n, k, device="cuda", dtype=torch.bfloat16), tiles, splittable, 1, k)), splittable)]
+                torch.empty(n, k, device="cuda", dtype=torch.bfloat16), tiles, splittable, 1, k)))]
             for bn, bk, splits, warps in slice_plans(n, k):
                 if splits > 1 and not splittable:
                     continue
                 rows.append(timed(n, k, lambda w: fd.Product(w.contiguous(), n, k, bn, bk, splits, False, False,
                                                              warps), f"slices {bn}x{bk}, {splits} splits, "
-                                  f"{warps} warps, {triton.cdiv(n, bn) * splits} programs", splittable))
+                                  f"{warps} warps, {triton.cdiv(n, bn) * splits} programs"))
             print(f"\n{model} {name} {n}x{k}:")
             for _, line in sorted(rows)[:6]:
                 print(line)

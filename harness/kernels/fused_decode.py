@@ -677,11 +677,11 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     """How to run x @ weight.T for `rows` batch rows of a model of `hidden` size (as `choice` says, else by the
     rules), and the weight as the kernel reads it."""
     n, k = weight.shape
-    bk = tile_sizes(n, k)[1]
     choice = choice or default_choice(n, k, options, rows, hidden, kind)
     if choice.slices:
         bn, bk, splits = slice_layout(n, k, options.split_k and splittable, choice.warps)
         return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice)
+    bk = tile_sizes(n, k)[1]
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
     return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
@@ -692,15 +692,13 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
                 hidden: int = 0, choice: PlanChoice | None = None) -> Product:
     """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums),
     for `rows` batch rows of a model of `hidden` size."""
-    k = gate.shape[1]
-    bn, bk, _ = tile_sizes(2 * gate.shape[0], k)
-    choice = choice or default_choice(2 * gate.shape[0], k, options, rows, hidden, "gate_up")
-    if choice.slices:
-        bn, bk, _ = slice_layout(2 * gate.shape[0], k, False, choice.warps)
-        paired = pair_blocks(gate, up, bn // 2)
-        return Product(paired, paired.shape[0], k, bn, bk, 1, False, False, choice.warps, 0, choice)
+    both, k = 2 * gate.shape[0], gate.shape[1]
+    choice = choice or default_choice(both, k, options, rows, hidden, "gate_up")
+    bn, bk, _ = slice_layout(both, k, False, choice.warps) if choice.slices else tile_sizes(both, k)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
+    if choice.slices:  # row-major rows, on CUDA cores
+        return Product(paired, n, k, bn, bk, 1, False, False, choice.warps, 0, choice)
     return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
                    choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice), choice)
 
