@@ -3,10 +3,11 @@ verdict, and a run in the store."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from harness.analysis.ab import block_spread_pct, differing_keys, pairs_to_decide, verdict
+from harness.analysis.ab import block_spread_pct, differing_keys, pairs_to_decide, process_ratios, verdict
 from harness.cli import commands as cli
 from harness.measure.ab import balanced_order
 from harness.measure.stats import paired_ratio_interval
@@ -40,6 +41,15 @@ def test_the_arms_differences_name_a_default_value_as_it_is():
     assert differing_keys(a, b) == {"fused.pdl": [False, True]}
     a, b = run_config(*TINY, "bs=2"), run_config(*TINY, "bs=1")
     assert differing_keys(a, b) == {"bs": [2, 1]}
+
+
+def test_each_process_ratio_is_its_own_blocks_medians():
+    """Two processes, B / A 1.0 in the first and 1.2 in the second, blocks interleaved as the pairs ran. Bugs
+    caught: the processes pooled (one ratio), or a pair counted in the wrong process."""
+    blocks_a = [[1.0, 1.0], [2.0, 2.0], [1.0, 1.0], [2.0, 2.0]]
+    blocks_b = [[1.0, 1.0], [2.4, 2.4], [1.0, 1.0], [2.4, 2.4]]
+    assert process_ratios(blocks_a, blocks_b, [0, 1, 0, 1]) == pytest.approx([1.0, 1.2])
+    assert process_ratios(blocks_a, blocks_b, [0, 0, 0, 0]) == pytest.approx([1.7 / 1.5])  # one process: all steps
 
 
 def test_pairs_from_several_processes_are_drawn_process_by_process():
@@ -132,6 +142,12 @@ def test_a_compiled_arm_says_whether_its_kernels_were_compiled_or_read_from_the_
     assert all(line.startswith("0 of") and not line.endswith(" 0 compiled") for line in first), first  # cold
     assert all(not line.startswith("0 of") and line.endswith(" 0 compiled") for line in second), second  # read
     assert "prepared in" in (workdir / "cold" / "ab.md").read_text()
+    # --fresh-compiles: a process of its own, whose empty cache folders make it compile again, the cache above warm
+    assert cli.main(["ab", *arms, *common, "--fresh-compiles", "--out", "fresh"]) in (0, 1)
+    fresh = json.loads((workdir / "fresh" / "ab.json").read_text())
+    assert fresh["fresh_compiles"] and fresh["processes"] == 1 and len(fresh["process_ratios"]) == 1
+    assert all(line.startswith("0 of") and not line.endswith(" 0 compiled") for arm in fresh["prepared"] for line in arm)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(workdir / "cache" / "inductor")  # this process's, given back
 
 
 def test_an_arm_that_compiled_nothing_is_called_out():

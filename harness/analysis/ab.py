@@ -47,6 +47,8 @@ class AbResult:
     processes: int = 1  # fresh processes the A/B ran in, one after another (`pairs` counts every process's)
     prepare_s: tuple[float, float] = (0.0, 0.0)  # each arm's preparation (a compile, a capture), every process's
     prepared: tuple[list, list] = ([], [])  # each compiled arm's compile cache use, a line per process
+    process_ratios: list = dataclasses.field(default_factory=list)  # B's median over A's, in each process
+    fresh_compiles: bool = False  # each process compiled into empty cache folders of its own
 
 
 def verdict(low: float, high: float, threshold: float) -> str:
@@ -88,10 +90,22 @@ def block_spread_pct(blocks: list[list[float]]) -> float:
     return float(100 * medians.std() / np.median(medians))
 
 
-def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owners: list[int] | None = None
-              ) -> AbResult:
+def process_ratios(blocks_a: list[list[float]], blocks_b: list[list[float]], owners: list[int]) -> list[float]:
+    """B's median step over A's, in each process, in the order they ran: where each process compiled afresh, how
+    far apart these lie is what a compile's picks move the answer by."""
+    ratios = []
+    for process in dict.fromkeys(owners):
+        mine = [i for i, owner in enumerate(owners) if owner == process]
+        a, b = (np.concatenate([blocks[i] for i in mine]) for blocks in (blocks_a, blocks_b))
+        ratios.append(float(np.median(b) / np.median(a)))
+    return ratios
+
+
+def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owners: list[int] | None = None,
+              fresh_compiles: bool = False) -> AbResult:
     """`owners`: the process each pair ran in, where the A/B ran in several."""
     blocks_a, blocks_b = ([t.step_ms for t in arm.blocks] for arm in (arm_a, arm_b))
+    owners = owners or [0] * len(blocks_a)
     ratio, low, high = paired_ratio_interval(blocks_a, blocks_b, processes=owners)
     decided = verdict(low, high, threshold)
     return AbResult(arm_a.cfg.label, arm_b.cfg.label, differing_keys(arm_a.cfg, arm_b.cfg),
@@ -99,8 +113,8 @@ def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owner
                     ratio, low, high, threshold, decided, len(blocks_a), environment,
                     block_spread_pct(blocks_a), block_spread_pct(blocks_b),
                     pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if decided == "ambiguous" else None,
-                    len(set(owners or [0])), (arm_a.prepare_ms / 1e3, arm_b.prepare_ms / 1e3),
-                    (arm_a.prepared, arm_b.prepared))
+                    len(set(owners)), (arm_a.prepare_ms / 1e3, arm_b.prepare_ms / 1e3),
+                    (arm_a.prepared, arm_b.prepared), process_ratios(blocks_a, blocks_b, owners), fresh_compiles)
 
 
 def markdown(r: AbResult) -> str:
@@ -112,6 +126,8 @@ def markdown(r: AbResult) -> str:
         f"- B differs in: {changed}",
         f"- B / A = {r.ratio:.4f} (95% interval {r.low:.4f}-{r.high:.4f}, {r.pairs} pairs of blocks, balanced order)",
         f"- verdict at ±{100 * r.threshold:g}%: **{r.verdict}**" + _undecided(r),
+        *([f"- B / A in each process{' (each compiled afresh)' * r.fresh_compiles}: "
+           + ", ".join(f"{ratio:.4f}" for ratio in r.process_ratios)] if r.processes > 1 else []),
         f"- block medians scatter by {r.block_spread_a_pct:.2f}% (A) and {r.block_spread_b_pct:.2f}% (B), sd of "
         "their median: the noisier arm is what widens the interval",
         *_preparation(r),
@@ -142,11 +158,11 @@ def _undecided(r: AbResult) -> str:
 
 
 def run(uri: str, experiment: str, cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, threshold: float,
-        out_dir: Path | None, processes: int = 1) -> int:
+        out_dir: Path | None, processes: int = 1, fresh_compiles: bool = False) -> int:
     """Time, print, write, log. Exit status: 1 when B is slower (a gate, as `compare`), else 0."""
     arm_a, arm_b, environment, owners = time_arms_in_processes(cfg_a, cfg_b, pairs, processes,
-                                                               on_phase=lambda phase: say(f"ab: {phase}"))
-    result = result_of(arm_a, arm_b, environment, threshold, owners)
+                                                               lambda phase: say(f"ab: {phase}"), fresh_compiles)
+    result = result_of(arm_a, arm_b, environment, threshold, owners, fresh_compiles)
     text = markdown(result)
     print(text)
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-ab-"))

@@ -89,6 +89,9 @@ def _add_ab(sub, store) -> None:
     p.add_argument("--threshold", default="1%", help="a change inside ±this is `same` (default: 1%%)")
     p.add_argument("--processes", type=int, default=1, help="repeat the paired A/B in this many fresh processes, one "
                    "after another, and resample processes too (default: 1, this process)")
+    p.add_argument("--fresh-compiles", action="store_true", help="each process compiles into empty cache folders of "
+                   "its own (deleted after): Inductor autotunes again in each, so that the interval covers what its "
+                   "picks change, as across machines that each compiled the config")
     p.add_argument("--experiment", default="harness")
     p.add_argument("--out", type=Path, default=None, help="where to write ab.md and ab.json (default: a temp folder)")
 
@@ -252,7 +255,7 @@ def _ab(uri: str, args) -> int:
     cfg_a, cfg_b = (compose_single_run([*args.overrides, *arm.split()]) for arm in (args.arm_a, args.arm_b))
     try:
         return ab.run(uri, args.experiment, cfg_a, cfg_b, args.pairs, compare.parse_threshold(args.threshold), args.out,
-                      args.processes)
+                      args.processes, args.fresh_compiles)
     except JobError as err:  # an arm that cannot run here (graphed on a CPU): the user's to change, in one line
         raise ConfigError(str(err)) from err
 

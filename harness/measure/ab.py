@@ -11,7 +11,10 @@ Pure measurement: no Hydra, no MLflow. Neither arm is verified here (`harness` r
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,6 +29,8 @@ from harness.measure.stats import clock_failure, decode_metrics
 from harness.measure.timing import DecodeTiming, run_steps, timed_decode
 from harness.models import get_model
 from harness.modes import spec
+
+CACHE_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}  # the folder under a fresh one
 
 
 @dataclass
@@ -72,17 +77,21 @@ def time_arms(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int,
 
 
 def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, processes: int,
-                           on_phase: Callable[[str], None] = lambda phase: None
+                           on_phase: Callable[[str], None] = lambda phase: None, fresh_compiles: bool = False
                            ) -> tuple[Arm, Arm, dict[str, str], list[int]]:
     """time_arms, `processes` times, each in a fresh interpreter one after another (its own CUDA context, compiles,
-    autotuning and kernel caches; the A/B within each stays paired), or in this one where `processes` is 1. Returns
-    both arms with every process's blocks, the first process's environment, and the process of each pair."""
-    if processes == 1:
+    autotuning and kernel caches; the A/B within each stays paired), or in this one where `processes` is 1 (and no
+    fresh compiles are asked). `fresh_compiles`: each process compiles into empty cache folders of its own, so that
+    no process reads another's kernels or autotuning picks. Returns both arms with every process's blocks, the first
+    process's environment, and the process of each pair."""
+    if processes == 1 and not fresh_compiles:
         return (*time_arms(cfg_a, cfg_b, pairs, on_phase), [0] * pairs)
     arms, owners, environment = (Arm(cfg_a), Arm(cfg_b)), [], {}
     for index in range(processes):
-        on_phase(f"process {index + 1}/{processes}: starting a fresh interpreter")
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        on_phase(f"process {index + 1}/{processes}: starting a fresh interpreter"
+                 + " with empty compile caches" * fresh_compiles)
+        with (compile_caches_of_its_own() if fresh_compiles else contextlib.nullcontext()), \
+                ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             blocks, prepared, env = pool.submit(_in_a_fresh_process, cfg_a, cfg_b, pairs).result()
         for arm, its_blocks, (prepare_ms, how) in zip(arms, blocks, prepared):
             arm.blocks += [DecodeTiming(*block, tokens=torch.empty(0)) for block in its_blocks]
@@ -91,6 +100,24 @@ def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, proce
         owners += [index] * pairs
         environment = environment or env
     return *arms, environment, owners
+
+
+@contextlib.contextmanager
+def compile_caches_of_its_own():
+    """Inductor's and Triton's cache folders, for the processes started inside, set to empty ones made here (and
+    deleted after): their compiles autotune and build again, as on a machine that never compiled the config."""
+    saved = {name: os.environ.get(name) for name in CACHE_VARIABLES}
+    with tempfile.TemporaryDirectory(prefix="harness-ab-compile-") as folder:
+        try:
+            for name, sub in CACHE_VARIABLES.items():
+                os.environ[name] = os.path.join(folder, sub)
+            yield folder
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple[tuple, tuple, dict[str, str]]:
