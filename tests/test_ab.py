@@ -10,6 +10,7 @@ import pytest
 from harness.analysis.ab import block_spread_pct, differing_keys, pairs_to_decide, process_ratios, verdict
 from harness.cli import commands as cli
 from harness.measure.ab import balanced_order
+from harness.measure.timing import DecodeTiming
 from harness.measure.stats import paired_ratio_interval
 from tests.support import run_config, store
 
@@ -50,6 +51,27 @@ def test_each_process_ratio_is_its_own_blocks_medians():
     blocks_b = [[1.0, 1.0], [2.4, 2.4], [1.0, 1.0], [2.4, 2.4]]
     assert process_ratios(blocks_a, blocks_b, [0, 1, 0, 1]) == pytest.approx([1.0, 1.2])
     assert process_ratios(blocks_a, blocks_b, [0, 0, 0, 0]) == pytest.approx([1.7 / 1.5])  # one process: all steps
+
+
+def test_an_ab_undecided_across_processes_asks_for_more_processes_not_pairs():
+    """Two processes that compiled afresh, B / A 0.98 in one and 1.01 in the other (what two compiles of one Inductor
+    config gave on one H200): the interval spans both, straddles 0.99, and only more processes narrow it. Bug
+    caught: `--pairs N` advised, which would narrow nothing."""
+    import torch
+
+    from harness.analysis.ab import markdown, result_of
+    from harness.measure.ab import Arm
+
+    cfg = run_config(*TINY)
+    timing = [DecodeTiming([v] * 4, 4 * v, "host", 1, torch.empty(0)) for v in (1.0, 1.0, 1.0, 1.0)]
+    arm_a, arm_b = Arm(cfg, list(timing)), Arm(cfg)
+    arm_b.blocks = [DecodeTiming([v] * 4, 4 * v, "host", 1, torch.empty(0)) for v in (0.98, 0.98, 1.01, 1.01)]
+    result = result_of(arm_a, arm_b, {}, 0.01, owners=[0, 0, 1, 1], fresh_compiles=True)
+    assert result.verdict == "ambiguous" and result.process_ratios == pytest.approx([0.98, 1.01])
+    assert result.pairs_to_decide is None and result.processes_to_decide >= 2
+    text = markdown(result)
+    assert "- B / A in each process (each compiled afresh): 0.9800, 1.0100" in text
+    assert f"about {result.processes_to_decide} processes would decide it" in text and "--pairs" not in text
 
 
 def test_pairs_from_several_processes_are_drawn_process_by_process():

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from harness import models
 from harness.config.labels import FUSED_SWITCHES
@@ -149,7 +151,9 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
     assert m["kernel_launches_per_step"] == 5 * 2 + 1  # five a layer, the attention folded into one
     # on a CPU the GPU's techniques are off, and the tag says so
-    assert tags["fused"] == "pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off slices=off"
+    assert tags["fused"] == ("pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off slices=off "
+                             "weights_ahead=off")
+    assert tags["fused_plan"].endswith("; attention: no weights asked of L2")
     prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false", "fused.fold_attention=false")
     assert prefetched.label.endswith("fused split_k=off prefetch=on fold_attention=off")  # each switch named where off its default
     # the label's defaults are the schema's: a default changed in one place only would name (or hide) a switch
@@ -303,6 +307,50 @@ def test_the_rolling_prefetch_runs_as_far_ahead_as_the_first_prefetch_reached(mo
     assert ahead(65536) == 0
 
 
+@triton.jit
+def _parts_of_each_program(Out, bytes1, bytes2, share):
+    """What _weights_to_l2 asks L2 for in each program, written out: (first, length) in each of the two weights."""
+    program = tl.program_id(0)
+    start = program * share
+    first, length = fused_decode._range_part(start, start + share, 0, bytes1)
+    tl.store(Out + program * 4 + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, first, length))
+    first, length = fused_decode._range_part(start, start + share, bytes1, bytes1 + bytes2)
+    tl.store(Out + program * 4 + 2 + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, first, length))
+
+
+@pytest.mark.parametrize("budget_from_down", [0.5, 4.0])  # down's weights cut at the budget, or gate/up's and all of down's
+def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(monkeypatch, budget_from_down):
+    """fused.weights_ahead: the programs' shares of gate/up's then down's weights cover the budget's bytes once each
+    (none twice, none past a weight's end), each a whole number of the bulk prefetch's 16 bytes; a context whose K/V
+    alone passes the budget asks for none. (The prefetch itself is inline PTX: the sm_90 compile test below.)"""
+    cfg, model, prompt = tiny_model_and_prompt("context_len=40", "cache_len=64")
+    run = Stepper(model, prompt, cfg.cache_len)
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the plan as a GPU's, computed here
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False), longest_prefix=48)
+    layer = decoder.layers[0]
+    gate_up_bytes, down_bytes = (w.numel() * w.element_size() for w in (layer.gate_up.weight, layer.down.weight))
+    budget = gate_up_bytes + int(down_bytes * budget_from_down) // 16 * 16
+    monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_BYTES", budget)
+    first, bytes1, second, bytes2, share = decoder.weights_ahead(layer)
+    assert (first, second) == (layer.gate_up.weight, layer.down.weight)
+    assert (bytes1, bytes2) == (gate_up_bytes, min(down_bytes, budget - gate_up_bytes)) and share % 16 == 0
+    programs = decoder.rows * decoder.kv_heads * decoder.attn_acc.shape[2]
+    parts = torch.zeros(programs, 4, dtype=torch.int64)
+    _parts_of_each_program[(programs,)](parts, bytes1, bytes2, share)
+    for column, size in ((0, bytes1), (2, bytes2)):
+        asked = torch.zeros(size, dtype=torch.int32)
+        for start, length in parts[:, column:column + 2].tolist():
+            if length > 0:
+                assert start % 16 == 0 and length % 16 == 0 and start + length <= size
+                asked[start:start + length] += 1
+        assert asked.eq(1).all()  # every byte asked for once
+    kv_bytes = 2 * decoder.rows * decoder.kv_heads * 48 * decoder.head_dim * 4
+    monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_BYTES", kv_bytes - 16)  # the attention's own reads pass it
+    assert decoder.weights_ahead(layer) is None
+    monkeypatch.undo()
+    assert decoder.weights_ahead(layer) is None  # in the interpreter: no bulk prefetch to ask with
+
+
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
     cfg = run_config(*FUSED, "fused.pdl=false")
     assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")
@@ -360,21 +408,26 @@ for product in products:
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
            Keys="*bf16", Values="*bf16", Acc="*fp32", M="*fp32", L="*fp32", Count="*i32", Out="*bf16",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
-                            "o_row"], "i32"), eps="fp32", scale="fp32",
+                            "o_row"], "i32"), eps="fp32", scale="fp32", Ahead1="*bf16", ahead1_bytes="i32",
+           Ahead2="*bf16", ahead2_bytes="i32", ahead_share="i32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
                             "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
-                            "TOGETHER"], "constexpr"))
-for variant in (dict(KV_PREFETCH=False, TOGETHER=False), dict(KV_PREFETCH=True, TOGETHER=True)):
+                            "TOGETHER", "AHEAD"], "constexpr"))
+for variant in (dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False), dict(KV_PREFETCH=True, TOGETHER=True, AHEAD=False),
+                dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=True)):
     consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
     ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     # the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at
     # the GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
     count, prefetch = ptx.find("atom.global.gpu.acq_rel.add"), ptx.find("cp.async.bulk.prefetch.L2")
+    ahead = ptx.find("cp.async.bulk.prefetch.L2", ptx.rfind("mma"))  # the MLP's weights, once the chunk's K/V are read
     print("attention", "griddepcontrol.wait" in ptx and count > -1 and "ld.global.cg" in ptx[count:]
-          and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
-          and "mma" in ptx and (prefetch != -1) == variant["KV_PREFETCH"]  # K/V asked of L2 before the first product
-          and prefetch < ptx.find("mma"))
+          and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count) and "mma" in ptx
+          # K/V, one request each, before the first product; the MLP's weights in two parts, where a chunk is read
+          # (before its count) and in the programs past the chunks
+          and ptx.count("cp.async.bulk.prefetch.L2") == 2 * variant["KV_PREFETCH"] + 4 * variant["AHEAD"]
+          and (not variant["KV_PREFETCH"] or prefetch < ptx.find("mma")) and (not variant["AHEAD"] or -1 < ahead < count))
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16", Q="*bf16",
            Keys="*bf16", Values="*bf16", rows="i32", n_total="i32", hidden="i32", eps="fp32",
            **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
@@ -392,5 +445,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["attention", "True"] * 2
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["attention", "True"] * 3
                                    + ["rope_append", "True"])

@@ -180,7 +180,8 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
     m = result.metrics
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert len(result.step_ms) * graph_steps == QWEN_DECODE_TOKENS  # one sample a replay of graph_steps
-    assert result.mode_tags["fused"] == "pdl=on split_k=on packed=on prefetch=off fold_attention=on tune=off slices=on"
+    assert result.mode_tags["fused"] == ("pdl=on split_k=on packed=on prefetch=off fold_attention=on tune=off slices=on "
+                                             "weights_ahead=on")
     assert "captured" not in result.mode_tags
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
 

@@ -43,12 +43,14 @@ class AbResult:
     environment: dict
     block_spread_a_pct: float  # how far each arm's block medians scatter (sd, % of their median): the noisier arm
     block_spread_b_pct: float  # is what widens the interval
-    pairs_to_decide: int | None  # where ambiguous: about how many pairs would decide it (None: it sits on a bound)
+    pairs_to_decide: int | None  # where ambiguous in one process: about how many pairs would decide it (None: it
+    # sits on a bound)
     processes: int = 1  # fresh processes the A/B ran in, one after another (`pairs` counts every process's)
     prepare_s: tuple[float, float] = (0.0, 0.0)  # each arm's preparation (a compile, a capture), every process's
     prepared: tuple[list, list] = ([], [])  # each compiled arm's compile cache use, a line per process
     process_ratios: list = dataclasses.field(default_factory=list)  # B's median over A's, in each process
     fresh_compiles: bool = False  # each process compiled into empty cache folders of its own
+    processes_to_decide: int | None = None  # where ambiguous across processes: about how many would decide it
 
 
 def verdict(low: float, high: float, threshold: float) -> str:
@@ -107,14 +109,17 @@ def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owner
     blocks_a, blocks_b = ([t.step_ms for t in arm.blocks] for arm in (arm_a, arm_b))
     owners = owners or [0] * len(blocks_a)
     ratio, low, high = paired_ratio_interval(blocks_a, blocks_b, processes=owners)
-    decided = verdict(low, high, threshold)
+    decided, processes = verdict(low, high, threshold), len(set(owners))
+    # where ambiguous: more pairs narrow one process's interval; where processes are drawn first, more processes
+    ambiguous = decided == "ambiguous"
+    more_pairs = pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if ambiguous and processes == 1 else None
+    more_processes = pairs_to_decide(ratio, low, high, threshold, processes) if ambiguous and processes > 1 else None
     return AbResult(arm_a.cfg.label, arm_b.cfg.label, differing_keys(arm_a.cfg, arm_b.cfg),
                     float(np.median(np.concatenate(blocks_a))), float(np.median(np.concatenate(blocks_b))),
                     ratio, low, high, threshold, decided, len(blocks_a), environment,
-                    block_spread_pct(blocks_a), block_spread_pct(blocks_b),
-                    pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if decided == "ambiguous" else None,
-                    len(set(owners)), (arm_a.prepare_ms / 1e3, arm_b.prepare_ms / 1e3),
-                    (arm_a.prepared, arm_b.prepared), process_ratios(blocks_a, blocks_b, owners), fresh_compiles)
+                    block_spread_pct(blocks_a), block_spread_pct(blocks_b), more_pairs, processes,
+                    (arm_a.prepare_ms / 1e3, arm_b.prepare_ms / 1e3), (arm_a.prepared, arm_b.prepared),
+                    process_ratios(blocks_a, blocks_b, owners), fresh_compiles, more_processes)
 
 
 def markdown(r: AbResult) -> str:
@@ -152,6 +157,11 @@ def _preparation(r: AbResult) -> list[str]:
 def _undecided(r: AbResult) -> str:
     if r.verdict != "ambiguous":
         return ""
+    if r.processes > 1:  # the interval draws processes first: their differences, not the pairs', widen it
+        if r.processes_to_decide is None:
+            return " (the ratio sits on the threshold: more processes cannot decide it)"
+        return (f" (about {r.processes_to_decide} processes would decide it, at this spread between them: "
+                f"`--processes {r.processes_to_decide}`)")
     if r.pairs_to_decide is None:
         return " (the ratio sits on the threshold: more pairs cannot decide it)"
     return f" (about {r.pairs_to_decide} pairs would decide it, at this spread: `--pairs {r.pairs_to_decide}`)"

@@ -128,6 +128,14 @@ CHUNKS_BY_PREFIX = True
 # slice only models up to SLICE_MAX_HIDDEN wide (fused.tune still tries the slices in any: tuned from the tiles,
 # neither 8B model took one, GPU-c4d8dfd1; docs/benchmarks.md, "fused.slices")
 SLICE_MAX_HIDDEN = 2048
+# fused.weights_ahead: the folded attention's programs ask L2 for the layer's gate/up weights, then down's, this many
+# bytes at most in all (a share each, one bulk prefetch), where the attention itself reads no more K/V than that at the
+# longest prefix: at a short context its chunks and their merge are a chain of round trips that leaves HBM idle, and
+# the MLP's products then find their first weights in L2. Paired on one H200 each (docs/benchmarks.md, "weights asked
+# of L2 while the attention runs"): asked once a chunk's K/V are read, 6 MiB took 1.7-2.0% off Qwen3-0.6B's step at
+# context 1024 (24 MiB added 1.1%) and changed Llama-3.2-1B's at the study's workload and Qwen3-8B's by under 0.3%;
+# asked at the kernel's PDL wait, before the chunks' own reads, 12-40 MiB added 6.7-9.0% to Qwen3-0.6B's
+WEIGHTS_AHEAD_BYTES = 6 << 20
 SLICE_MAX_ROWS = 1
 SLICE_COLUMNS = 2048
 SLICE_VALUES_A_THREAD = 64
@@ -148,6 +156,9 @@ class FusedOptions:
     # at SLICE_MAX_ROWS rows, SLICED_KINDS as whole rows of the weight times a split of K, on CUDA cores
     # (slice_layout; default_choice says where)
     slices: bool = True
+    # the folded attention, whose own reads leave HBM idle at a short context, asks L2 for the layer's MLP weights
+    # (WEIGHTS_AHEAD_BYTES at most) while it runs, so that gate/up and down find them there (a Hopper GPU)
+    weights_ahead: bool = True
 
 
 @triton.jit
@@ -174,6 +185,26 @@ def _prefetch_to_l2(W, first, nbytes):
         "setp.eq.u32 first_thread, tid, 0;\n\t@first_thread cp.async.bulk.prefetch.L2.global [$1], $2;\n\t"
         "mov.u32 $0, 0;\n\t}", "=r,l,r", [at, tl.full([32], nbytes, tl.int32)], dtype=tl.int32, is_pure=False,
         pack=1)
+
+
+@triton.jit
+def _range_part(start, stop, lo, hi):
+    """[start, stop) within [lo, hi): its first byte counted from lo, and its length (none where <= 0)."""
+    first = tl.maximum(start, lo)
+    return first - lo, tl.minimum(stop, hi) - first
+
+
+@triton.jit
+def _weights_to_l2(Ahead1, bytes1, Ahead2, bytes2, share, program):
+    """This program's share of the bytes [0, bytes1) of Ahead1 then [0, bytes2) of Ahead2 (16-byte multiples, taken
+    as one run), asked of L2: `share` bytes from program * share on, split where the run passes into Ahead2."""
+    start = program * share
+    first, length = _range_part(start, start + share, 0, bytes1)
+    if length > 0:
+        _prefetch_to_l2(Ahead1.to(tl.pointer_type(tl.int8)), first, length)
+    first, length = _range_part(start, start + share, bytes1, bytes1 + bytes2)
+    if length > 0:
+        _prefetch_to_l2(Ahead2.to(tl.pointer_type(tl.int8)), first, length)
 
 
 @triton.jit
@@ -410,15 +441,20 @@ def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, a
 
 @triton.jit
 def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M, L, Count, Out, rows, n_total,
-               hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row, HEADS: tl.constexpr,
+               hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row, Ahead1, ahead1_bytes, Ahead2,
+               ahead2_bytes, ahead_share, HEADS: tl.constexpr,
                KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
                SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr,
-               MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr = False, TOGETHER: tl.constexpr = False):
+               MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr = False, TOGETHER: tl.constexpr = False,
+               AHEAD: tl.constexpr = False):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
-    the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge)."""
+    the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge). AHEAD:
+    each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead) once its
+    chunk's K/V are read (at once, past the valid prefix's chunks)."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    program = (row * KV_HEADS + kv_head) * SPLITS + split
     _pdl_start(PDL)
     _pdl_wait(PDL)
     pos = tl.load(Pos)
@@ -430,21 +466,34 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
             _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
                             (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
         inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
-        group, g = HEADS // KV_HEADS, tl.arange(0, GROUP_PAD)
-        if MASK_PAD:  # the MMA's padding rows load nothing (zero queries, never stored)
-            heads, real = kv_head * group + g, (g < group)[:, None]
-        else:  # they repeat the last head's loads
-            heads, real = kv_head * group + tl.minimum(g, group - 1), None
-        q = _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, Cos, Sin, at, eps,
-                           QKV_SPLITS, QK_NORM, D, real).to(Keys.dtype.element_ty)
+        q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin, at, eps, HEADS, KV_HEADS,
+                           GROUP_PAD, D, QKV_SPLITS, QK_NORM, MASK_PAD).to(Keys.dtype.element_ty)
         if split == chunks - 1:  # the chunk that holds slot pos: the new K/V first, seen by all its threads
             _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
                     k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
             tl.debug_barrier()
         acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
                                       v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
+        if AHEAD:  # asked at the wait instead, the requests held up the chunks' own reads (docs/benchmarks.md)
+            _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
                 D, SPLITS, MERGE_BLOCK, TOGETHER)
+    elif AHEAD:
+        _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
+
+
+@triton.jit
+def _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin, at, eps, HEADS: tl.constexpr,
+                   KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                   QK_NORM: tl.constexpr, MASK_PAD: tl.constexpr):
+    """The KV head's group of queries [GROUP_PAD, D], normed and rotated, padded to the MMA's 16 rows."""
+    group, g = HEADS // KV_HEADS, tl.arange(0, GROUP_PAD)
+    if MASK_PAD:  # the MMA's padding rows load nothing (zero queries, never stored)
+        heads, real = kv_head * group + g, (g < group)[:, None]
+    else:  # they repeat the last head's loads
+        heads, real = kv_head * group + tl.minimum(g, group - 1), None
+    return _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, Cos, Sin, at, eps,
+                          QKV_SPLITS, QK_NORM, D, real)
 
 
 @triton.jit
@@ -861,16 +910,34 @@ class FusedDecoder:
         """RoPE, the append, attention over the valid prefix [0, position] and the merge: one launch."""
         keys, values, splits = kv.keys, kv.values, self.attn_acc.shape[2]
         norms = [self.cos if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        ahead = self.weights_ahead(layer)
         _attention[(self.rows, self.kv_heads, splits)](
             self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, keys, values, self.attn_acc,
             self.attn_max, self.attn_sum, self.chunks_done, self.attn_out, self.rows, layer.qkv.n, self.hidden,
             self.eps, self.scale, *keys.stride()[:3], *values.stride()[:3], self.attn_out.stride(0),
+            *(ahead or (keys, 0, keys, 0, 0)), AHEAD=ahead is not None,
             HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=max(16, triton.next_power_of_2(self.heads //
             self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
             TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, **self._launch())
+
+    def weights_ahead(self, layer: Layer) -> tuple | None:
+        """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
+        the bytes of them, down's and theirs, and the bytes a program asks for; None where it does not apply: off, a
+        CPU (the bulk prefetch is inline PTX), or more K/V to read at the longest prefix than the budget (the
+        attention then keeps HBM busy itself)."""
+        keys = self.cache.layers[0].keys
+        kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
+        first, second = layer.gate_up.weight, layer.down.weight
+        if (not self.options.weights_ahead or interpreted() or kv_bytes > WEIGHTS_AHEAD_BYTES
+                or first.data_ptr() % 16 or second.data_ptr() % 16):
+            return None
+        bytes1 = min(first.numel() * first.element_size(), WEIGHTS_AHEAD_BYTES) // 16 * 16  # the bulk prefetch's unit
+        bytes2 = min(second.numel() * second.element_size(), WEIGHTS_AHEAD_BYTES - bytes1) // 16 * 16
+        programs = self.rows * self.kv_heads * self.attn_acc.shape[2]
+        return first, bytes1, second, bytes2, triton.cdiv(triton.cdiv(bytes1 + bytes2, programs), 16) * 16
 
     def _kv_prefetch(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
         """KV_PREFETCH where it applies: a GPU (the bulk prefetch is inline PTX) and each KV head's slots contiguous."""

@@ -44,6 +44,9 @@ class FusedStepper(GraphedStepper):
         if options.tune:
             self._tune(prompt)
         self.tags["fused_plan"] = "; ".join(f"{kind}: {product}" for kind, product in self.decoder.products().items())
+        ahead = self.decoder.weights_ahead(self.decoder.layers[0]) if options.fold_attention else None
+        self.tags["fused_plan"] += (f"; attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked "
+                                    "of L2" if ahead else "; attention: no weights asked of L2")
 
     def _tune(self, prompt: torch.Tensor) -> None:
         """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused_tune.py), from
@@ -128,11 +131,12 @@ class FusedMode(DecodeMode):
 
         if (problem := family_problem(model)) is not None:
             raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
-        # PDL and the bulk L2 prefetch are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
+        # PDL and the bulk L2 prefetches are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
         hopper = prompt.is_cuda and torch.cuda.get_device_capability(prompt.device)[0] >= 9
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
                                prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention,
-                               tune=cfg.fused.tune, slices=cfg.fused.slices and prompt.is_cuda)
+                               tune=cfg.fused.tune, slices=cfg.fused.slices and prompt.is_cuda,
+                               weights_ahead=cfg.fused.weights_ahead and hopper)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,

@@ -115,8 +115,8 @@ def log_ab(uri: str, experiment: str, run_name: str, result: dict, files: list[P
     run_id = retry.with_retries(f"opening {run_name}", lambda: c.create_run(
         experiment_id(uri, experiment), run_name=redact(run_name)[:240], tags=tags).info.run_id)
     for key in ("ratio", "low", "high", "median_a_ms", "median_b_ms", "threshold", "pairs", "block_spread_a_pct",
-                "block_spread_b_pct", "pairs_to_decide", "processes"):
-        if result.get(key) is not None:  # pairs_to_decide: only where the verdict is ambiguous
+                "block_spread_b_pct", "pairs_to_decide", "processes_to_decide", "processes"):
+        if result.get(key) is not None:  # pairs_to_decide, processes_to_decide: only where the verdict is ambiguous
             c.log_metric(run_id, key, float(result[key]))
     for path in files:
         c.log_artifact(run_id, str(path))
