@@ -322,7 +322,8 @@ def _parts_of_each_program(Out, bytes1, bytes2, share):
 def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(monkeypatch, budget_from_down):
     """fused.weights_ahead: the programs' shares of gate/up's then down's weights cover the budget's bytes once each
     (none twice, none past a weight's end), each a whole number of the bulk prefetch's 16 bytes; a context whose K/V
-    alone passes the budget asks for none. (The prefetch itself is inline PTX: the sm_90 compile test below.)"""
+    alone passes the budget, or falls short of the floor, asks for none. (The prefetch itself is inline PTX: the
+    sm_90 compile test below.)"""
     cfg, model, prompt = tiny_model_and_prompt("context_len=40", "cache_len=64")
     run = Stepper(model, prompt, cfg.cache_len)
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the plan as a GPU's, computed here
@@ -330,6 +331,10 @@ def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(m
     layer = decoder.layers[0]
     gate_up_bytes, down_bytes = (w.numel() * w.element_size() for w in (layer.gate_up.weight, layer.down.weight))
     budget = gate_up_bytes + int(down_bytes * budget_from_down) // 16 * 16
+    kv_bytes = 2 * decoder.rows * decoder.kv_heads * 48 * decoder.head_dim * 4  # K and V at the longest prefix, fp32
+    monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_FROM_KV_BYTES", kv_bytes + 16)  # a shorter chain than the floor
+    assert decoder.weights_ahead(layer) is None
+    monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_FROM_KV_BYTES", kv_bytes)
     monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_BYTES", budget)
     first, bytes1, second, bytes2, share = decoder.weights_ahead(layer)
     assert (first, second) == (layer.gate_up.weight, layer.down.weight)
@@ -344,7 +349,6 @@ def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(m
                 assert start % 16 == 0 and length % 16 == 0 and start + length <= size
                 asked[start:start + length] += 1
         assert asked.eq(1).all()  # every byte asked for once
-    kv_bytes = 2 * decoder.rows * decoder.kv_heads * 48 * decoder.head_dim * 4
     monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_BYTES", kv_bytes - 16)  # the attention's own reads pass it
     assert decoder.weights_ahead(layer) is None
     monkeypatch.undo()

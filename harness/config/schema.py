@@ -113,8 +113,8 @@ class FusedConfig:
     # weight times a split of K in one go before its PDL wait and sums them on CUDA cores (harness/kernels/
     # fused_decode.py, slice_layout); off: 64 x 128 tiles on tensor cores in a loop, as at larger batches
     slices: bool = True
-    # at a short context, the attention kernel, whose own reads leave HBM idle, asks L2 for the first 6 MiB of the
-    # layer's gate/up and down weights once its chunks' K/V are read (harness/kernels/fused_decode.py,
+    # where the attention reads 1-6 MiB of K/V, it asks L2 for the first 6 MiB of the layer's gate/up and down
+    # weights once its chunks' K/V are read, while HBM would idle (harness/kernels/fused_decode.py,
     # WEIGHTS_AHEAD_BYTES; a Hopper GPU): 2% off Qwen3-0.6B's step at bs=1 context 1024, paired on one H200
     weights_ahead: bool = True
 

@@ -134,8 +134,11 @@ SLICE_MAX_HIDDEN = 2048
 # the MLP's products then find their first weights in L2. Paired on one H200 each (docs/benchmarks.md, "weights asked
 # of L2 while the attention runs"): asked once a chunk's K/V are read, 6 MiB took 1.7-2.0% off Qwen3-0.6B's step at
 # context 1024 (24 MiB added 1.1%) and changed Llama-3.2-1B's at the study's workload and Qwen3-8B's by under 0.3%;
-# asked at the kernel's PDL wait, before the chunks' own reads, 12-40 MiB added 6.7-9.0% to Qwen3-0.6B's
+# asked at the kernel's PDL wait, before the chunks' own reads, 12-40 MiB added 6.7-9.0% to Qwen3-0.6B's. Where the
+# attention reads less K/V than WEIGHTS_AHEAD_FROM_KV_BYTES its chain is too short to hide the requests: at context 32
+# (0.7 MB) Qwen3-0.6B's step took 1.8% longer, Llama-3.2-1B's 0.3% (bs=1; at bs=8, 5.6 MB, -0.4% and +0.1%)
 WEIGHTS_AHEAD_BYTES = 6 << 20
+WEIGHTS_AHEAD_FROM_KV_BYTES = 1 << 20
 SLICE_MAX_ROWS = 1
 SLICE_COLUMNS = 2048
 SLICE_VALUES_A_THREAD = 64
@@ -927,11 +930,13 @@ class FusedDecoder:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
         the bytes of them, down's and theirs, and the bytes a program asks for; None where it does not apply: off, a
         CPU (the bulk prefetch is inline PTX), or more K/V to read at the longest prefix than the budget (the
-        attention then keeps HBM busy itself)."""
+        attention then keeps HBM busy itself), or less than WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to
+        hide the requests)."""
         keys = self.cache.layers[0].keys
         kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
         first, second = layer.gate_up.weight, layer.down.weight
-        if (not self.options.weights_ahead or interpreted() or kv_bytes > WEIGHTS_AHEAD_BYTES
+        if (not self.options.weights_ahead or interpreted()
+                or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
                 or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None
         bytes1 = min(first.numel() * first.element_size(), WEIGHTS_AHEAD_BYTES) // 16 * 16  # the bulk prefetch's unit
