@@ -51,15 +51,9 @@ def timed(n: int, k: int, product_of, label: str) -> tuple[float, str]:
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     first = products[0]
     out = torch.zeros(first.splits, 1, n, device="cuda", dtype=torch.float32)
-    ids = torch.zeros(1, 1, dtype=torch.long, device="cuda")
 
     def launch(product):
-        fd._matvec[product.grid](x, x.stride(0), out, ids, out, product.weight, out, out, out, 1, k, n, n,
-                                 triton.cdiv(k, product.splits), product.k_tiles, 1e-6, 0, 0, INPUT=fd.PLAIN,
-                                 NORM=False, OUTPUT=fd.PARTIALS, SPLITS=1, BUMP=False,
-                                 ROWS=16 if product.dot else 1, BN=product.bn, BK=product.bk, PACKED=product.packed,
-                                 DOT=product.dot, PDL=True, ONE_TILE=product.one_tile, launch_pdl=True,
-                                 num_warps=product.warps)
+        fd.launch_product(product, x, out, 1, pdl=True)
 
     launch(first)
     error = float((out.sum(0) - x.float() @ weights[0].float().T).abs().max())

@@ -11,7 +11,6 @@ import itertools
 import sys
 
 import torch
-import triton
 
 from harness.clock import block_ms
 from harness.kernels import fused_decode as fd
@@ -27,15 +26,10 @@ def time_product(n: int, k: int, rows: int, bn: int, bk: int, splits: int, warps
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(splits, rows, n, device="cuda", dtype=torch.float32)
-    ids = torch.zeros(rows, 1, dtype=torch.long, device="cuda")
     product = fd.Product(fd.pack(weight, bn, bk), n, k, bn, bk, splits, dot, True, warps)
-    padded = max(16, triton.next_power_of_2(rows)) if dot else triton.next_power_of_2(rows)
 
     def launch():
-        fd._matvec[product.grid](x, x.stride(0), out, ids, out, product.weight, out, out, out, rows, k, n, n,
-                                 triton.cdiv(k, splits), product.k_tiles, 1e-6, 0, 0, INPUT=fd.PLAIN, NORM=False,
-                                 OUTPUT=fd.PARTIALS, SPLITS=splits, BUMP=False, ROWS=padded, BN=bn, BK=bk, PACKED=True,
-                                 DOT=dot, PDL=False, num_warps=warps)
+        fd.launch_product(product, x, out, rows)
 
     launch()
     error = float((out.sum(0) - x.float() @ weight.float().T).abs().max())

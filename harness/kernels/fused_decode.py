@@ -589,6 +589,30 @@ class Product:
         return triton.cdiv(self.k, self.bk)
 
 
+def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: int, *, residual=None, ids=None,
+                   gain=None, squares=None, bump=None, eps: float = 1e-6, input: int = PLAIN, output: int = PARTIALS,
+                   pdl: bool = False) -> None:
+    """One `_matvec` launch as `product` plans it: x [rows, k] (input=EMBEDDING: the rows of the table x that `ids`
+    name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
+    cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
+    in). The step and the benchmarks launch products through this one call."""
+    padded = triton.next_power_of_2(rows)
+    _matvec[product.grid](
+        x, x.stride(0), out if residual is None else residual, out if ids is None else ids,
+        out if gain is None else gain, product.weight, out, out if squares is None else squares,
+        out if bump is None else bump, rows, product.k, product.n, out.shape[-1],
+        triton.cdiv(product.k, product.splits), product.k_tiles, eps, product.prefetch_bytes, product.prefetch_ahead,
+        INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
+        ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
+        DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
+        num_warps=product.warps, **pdl_launch(pdl))
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """A kernel launch's options: PDL's wait and early launch in the kernel, and the launch that lets it overlap."""
+    return dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
+
+
 def merge_block(valid_slots: int, splits: int) -> int:
     """Chunks the folded attention merges a load where a KV head's valid prefix is `valid_slots` long, cut as
     triton_decode.chunk_of cuts it: one at a time for a few chunks, else all of them in one load."""
@@ -885,19 +909,11 @@ class FusedDecoder:
     def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
                  output=PARTIALS, bump=None) -> None:
         """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight."""
-        rows = triton.next_power_of_2(self.rows)
-        _matvec[product.grid](
-            x, x.stride(0), self.residual, self.input_ids, out if gain is None else gain, product.weight, out,
-            self.squares, out if bump is None else bump, self.rows, product.k, product.n, out.shape[1],
-            triton.cdiv(product.k, product.splits), product.k_tiles, self.eps,
-            product.prefetch_bytes, product.prefetch_ahead, INPUT=input, NORM=gain is not None, OUTPUT=output,
-            SPLITS=product.splits, BUMP=bump is not None, ROWS=max(16, rows) if product.dot else rows,
-            BN=product.bn, BK=product.bk, PACKED=product.packed, DOT=product.dot,
-            PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-            num_warps=product.warps, **self._launch())
+        launch_product(product, x, out, self.rows, residual=self.residual, ids=self.input_ids, gain=gain,
+                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, pdl=self.options.pdl)
 
     def _launch(self) -> dict:
-        return dict(PDL=True, launch_pdl=True) if self.options.pdl else dict(PDL=False)
+        return pdl_launch(self.options.pdl)
 
     def _rope_append(self, layer: Layer, kv, position: torch.Tensor) -> None:
         keys, values = kv.keys, kv.values
