@@ -61,9 +61,8 @@ class FusedStepper(GraphedStepper):
         capacity = self.cache.layers[0].max_cache_len
         position = max(0, min(prompt.shape[1], capacity - REPLAYS - SIDE_STREAM_WARMUP - 1))
         gpu = torch.cuda.get_device_properties(prompt.device)
-        hopper = gpu.major >= 9  # the bulk prefetch is sm_90's
         gpu_id = "GPU-" + str(getattr(gpu, "uuid", "") or "?").removeprefix("GPU-")
-        self.decoder, tuning = tuned(self.decoder, StepTimer(position).ratio, hopper,
+        self.decoder, tuning = tuned(self.decoder, StepTimer(position).ratio, on_hopper(prompt.device),
                                      compile_cache_dir() / "fused-plans", gpu.name, gpu_id)
         self.metrics.update(tune_ms=tuning.seconds * 1e3, tune_candidates=float(len(tuning.tried)),
                             tune_taken=float(len(tuning.taken)), tune_kept=float(tuning.kept_from is not None))
@@ -132,7 +131,7 @@ class FusedMode(DecodeMode):
         if (problem := family_problem(model)) is not None:
             raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
         # PDL and the bulk L2 prefetches are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
-        hopper = prompt.is_cuda and torch.cuda.get_device_capability(prompt.device)[0] >= 9
+        hopper = on_hopper(prompt.device)
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
                                prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention,
                                tune=cfg.fused.tune, slices=cfg.fused.slices and prompt.is_cuda,
@@ -141,6 +140,11 @@ class FusedMode(DecodeMode):
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
                             cfg.warmup + cfg.decode_tokens).prepare(prompt)
+
+
+def on_hopper(device: torch.device) -> bool:
+    """Whether the device is an sm_90 GPU or newer, whose are PDL and the bulk L2 prefetch."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def family_problem(model: torch.nn.Module) -> str | None:
