@@ -186,6 +186,17 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
 
 
+def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_is_verified():
+    """fused.weights_ahead where it applies (K/V of 1-6 MiB: bs=1 at context 1024), the bulk prefetches in the
+    captured step, and the run within fp32 fidelity; at the short context of the tests above it asks for none."""
+    result = measure(run_config("model=qwen3-0.6b", "bs=1", "context_len=1024", "cache_len=1280", "decode_tokens=32",
+                                "mode=fused", "repeats=1"))
+    assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+    assert result.mode_tags["fused_plan"].endswith("; attention: 6.0 MiB of the MLP's weights asked of L2")
+    short = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
+    assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2")
+
+
 def test_a_tuned_fused_step_times_its_candidates_and_is_verified():
     """fused.tune on the GPU: the candidates captured and timed, the plan the step runs named, and the run verified
     against fp32 like any fused run (a choice changes how a product launches, never what it computes)."""
