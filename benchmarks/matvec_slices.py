@@ -28,7 +28,6 @@ MODELS = {
 }
 RING_BYTES = 160 << 20  # weight copies launched in turn: more than the H200's 50 MB L2 between two reads of one
 REPLAYS = 20
-MAX_ELEMENTS_A_THREAD = 64  # a slice's weight values a thread holds (bf16: 32 registers)
 
 
 def slice_plans(n: int, k: int):
@@ -39,7 +38,7 @@ def slice_plans(n: int, k: int):
         bk, splits = (triton.next_power_of_2(k), 1) if length >= k else (length, k // length)
         if length > k and length // 2 >= k:
             continue
-        if bn * bk // (warps * 32) <= MAX_ELEMENTS_A_THREAD:
+        if bn * bk // (warps * 32) <= fd.SLICE_VALUES_A_THREAD:  # a thread's share of the slice, as the step's
             yield bn, bk, splits, warps
 
 

@@ -349,6 +349,9 @@ def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(m
                 assert start % 16 == 0 and length % 16 == 0 and start + length <= size
                 asked[start:start + length] += 1
         assert asked.eq(1).all()  # every byte asked for once
+    decoder.options = FusedOptions(pdl=False, fold_attention=False)  # the attention's three launches ask for none
+    assert decoder.weights_ahead(layer) is None
+    decoder.options = FusedOptions(pdl=False)
     monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_BYTES", kv_bytes - 16)  # the attention's own reads pass it
     assert decoder.weights_ahead(layer) is None
     monkeypatch.undo()

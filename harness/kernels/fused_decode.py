@@ -944,14 +944,14 @@ class FusedDecoder:
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
-        the bytes of them, down's and theirs, and the bytes a program asks for; None where it does not apply: off, a
-        CPU (the bulk prefetch is inline PTX), or more K/V to read at the longest prefix than the budget (the
-        attention then keeps HBM busy itself), or less than WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to
-        hide the requests)."""
+        the bytes of them, down's and theirs, and the bytes a program asks for; None where it does not apply: off, the
+        attention not folded (its three launches ask for none), a CPU (the bulk prefetch is inline PTX), or more K/V
+        to read at the longest prefix than the budget (the attention then keeps HBM busy itself), or less than
+        WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
         keys = self.cache.layers[0].keys
         kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
         first, second = layer.gate_up.weight, layer.down.weight
-        if (not self.options.weights_ahead or interpreted()
+        if (not (self.options.weights_ahead and self.options.fold_attention) or interpreted()
                 or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
                 or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None

@@ -44,7 +44,7 @@ class FusedStepper(GraphedStepper):
         if options.tune:
             self._tune(prompt)
         self.tags["fused_plan"] = "; ".join(f"{kind}: {product}" for kind, product in self.decoder.products().items())
-        ahead = self.decoder.weights_ahead(self.decoder.layers[0]) if options.fold_attention else None
+        ahead = self.decoder.weights_ahead(self.decoder.layers[0])
         self.tags["fused_plan"] += (f"; attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked "
                                     "of L2" if ahead else "; attention: no weights asked of L2")
 
