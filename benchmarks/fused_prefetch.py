@@ -12,6 +12,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set before model=...      # eight warps and the folded attention, or not
     python benchmarks/fused_prefetch.py --set kv model=...          # the attention's K/V asked of L2 early, the
                                                                     # group's heads merged together
+    python benchmarks/fused_prefetch.py --set first model=...       # the new token's K/V from registers or the cache
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -87,6 +88,10 @@ KV_VARIANTS = [
     ("both", [], dict(KV_PREFETCH=True, MERGE_HEADS_TOGETHER=True)),
     ("both, chunks for 64 programs", [], dict(KV_PREFETCH=True, MERGE_HEADS_TOGETHER=True, ATTENTION_PROGRAMS=64)),
 ]
+# `--set first`: the folded attention's chunk that holds the new token started from its K/V as computed (the
+# default), or reading them back from the cache after its append and a barrier
+FIRST_VARIANTS = [("new K/V from registers (the default)", [], {}),
+                  ("new K/V read back after the append", [], dict(NEW_KV_IN_REGISTERS=False))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too
@@ -123,13 +128,13 @@ WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", 
                  ("eight warps at every batch", [], dict(FEWER_WARPS_FROM_ROWS=1 << 30))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
-        "kv": KV_VARIANTS, "products": PRODUCT_VARIANTS,
+        "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
-    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
+    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
     "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN")}
 

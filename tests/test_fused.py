@@ -122,6 +122,27 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
         assert torch.allclose(ours.values[:, :, :133], theirs.values[:, :, :133], atol=1e-5)
 
 
+@pytest.mark.parametrize("in_registers", [True, False], ids=["new-kv-in-registers", "new-kv-read-back"])
+@pytest.mark.parametrize("context", [128, 129], ids=["new-token-alone-in-its-chunk", "beside-the-context"])
+def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cache(in_registers, context, monkeypatch):
+    """The chunk that holds the new token's slot, started from the new K/V as computed (reading only the context's
+    slots from the cache), or reading them back after its own append. Where the new token opens a chunk of its own
+    (slot 128: no slot of the context in it) and beside the context's slots, the logits and cache are eager's, at that
+    step and the next (whose chunk then reads the appended slot from the cache)."""
+    monkeypatch.setattr(fused_decode, "NEW_KV_IN_REGISTERS", in_registers)
+    monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", False)  # the capacity's grid: chunks of one block
+    cfg, model, prompt = tiny_model_and_prompt(f"context_len={context}", "cache_len=256")
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
+    splits = decoder.attn_acc.shape[2]
+    chunk = math.ceil(math.ceil((context + 1) / splits) / ATTN_BLOCK_N) * ATTN_BLOCK_N
+    assert chunk == ATTN_BLOCK_N and (context % chunk == 0) == (context == 128)  # slot 128 starts a chunk
+    decode_like_eager(eager, run, decoder, 2)
+    for ours, theirs in zip(run.cache.layers, eager.cache.layers):
+        assert torch.allclose(ours.keys[:, :, :context + 2], theirs.keys[:, :, :context + 2], atol=1e-5)
+        assert torch.allclose(ours.values[:, :, :context + 2], theirs.values[:, :, :context + 2], atol=1e-5)
+
+
 def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slot(monkeypatch):
     """The attention's chunks sized by the longest prefix the run was planned for (two chunks for 70 slots): a step
     past it (slot 130) attends in longer chunks (two blocks), to every slot, and computes what the capacity's grid
@@ -419,9 +440,11 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            Ahead2="*bf16", ahead2_bytes="i32", ahead_share="i32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
                             "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
-                            "TOGETHER", "AHEAD"], "constexpr"))
-for variant in (dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False), dict(KV_PREFETCH=True, TOGETHER=True, AHEAD=False),
-                dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=True)):
+                            "TOGETHER", "AHEAD", "NEW_KV_IN_REGISTERS"], "constexpr"))
+for variant in (dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=True),
+                dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=False),
+                dict(KV_PREFETCH=True, TOGETHER=True, AHEAD=False, NEW_KV_IN_REGISTERS=False),
+                dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=True, NEW_KV_IN_REGISTERS=True)):
     consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
     ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
@@ -452,5 +475,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["attention", "True"] * 3
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["attention", "True"] * 4
                                    + ["rope_append", "True"])

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
-                                           TARGET_PROGRAMS, merge_head, splits_for)
+                                           TARGET_PROGRAMS, kv_block, merge_head, softmax_block, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -104,6 +104,9 @@ QUERY_PADDING_MASKED = True
 # bs=1 context 1024 and bs=8 context 16384 and 0.0-0.2% on Llama-3.2-1B and Qwen3-8B (paired, one H200): the
 # prefetch takes HBM from the product it overlaps
 KV_PREFETCH = False
+# The folded attention's chunk that holds the new token's slot starts from the new K/V as it computed them and reads
+# only the slots before it, so that none of its loads waits for its own store (the append, then a barrier).
+NEW_KV_IN_REGISTERS = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
 # loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another.
 # Off: 2.3-5.9% slower on three models, paired on one H200, even where nothing merges (Llama-3.2-1B at context 32):
@@ -432,7 +435,8 @@ def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, Cos, Sin, at,
 def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row, k_head,
             k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
             SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr):
-    """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`."""
+    """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`; returned too,
+    each [1, D] in fp32."""
     col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
     k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, Cos, Sin, at, eps, SPLITS, QK_NORM, D)
     d = tl.arange(0, D)[None, :]
@@ -440,6 +444,7 @@ def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, a
     if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
         tl.store(Keys + row * k_row + kv_head * k_head + pos * k_slot + d, k.to(Keys.dtype.element_ty))
         tl.store(Values + row * v_row + kv_head * v_head + pos * v_slot + d, v.to(Values.dtype.element_ty))
+    return k, v
 
 
 @triton.jit
@@ -450,12 +455,12 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr,
                MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr = False, TOGETHER: tl.constexpr = False,
-               AHEAD: tl.constexpr = False):
+               AHEAD: tl.constexpr = False, NEW_KV_IN_REGISTERS: tl.constexpr = False):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
-    norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk, and the merge of
-    the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge). AHEAD:
-    each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead) once its
-    chunk's K/V are read (at once, past the valid prefix's chunks)."""
+    norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk (_chunk), and the
+    merge of the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge).
+    AHEAD: each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead)
+    once its chunk's K/V are read (at once, past the valid prefix's chunks)."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     program = (row * KV_HEADS + kv_head) * SPLITS + split
     _pdl_start(PDL)
@@ -468,21 +473,68 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                             (end - start) * k_slot * (Keys.dtype.element_ty.primitive_bitwidth // 8))
             _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
                             (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
-        inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
-        q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin, at, eps, HEADS, KV_HEADS,
-                           GROUP_PAD, D, QKV_SPLITS, QK_NORM, MASK_PAD).to(Keys.dtype.element_ty)
-        if split == chunks - 1:  # the chunk that holds slot pos: the new K/V first, seen by all its threads
-            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
-                    k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
-            tl.debug_barrier()
-        acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
-                                      v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
+        acc, m_i, l_i = _chunk(Parts, Squares, Cos, Sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
+                               scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, start, end,
+                               split == chunks - 1, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM,
+                               ROPE_SHIFT, APPEND, IEEE, MASK_PAD, NEW_KV_IN_REGISTERS)
         if AHEAD:  # asked at the wait instead, the requests held up the chunks' own reads (docs/benchmarks.md)
             _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
                 D, SPLITS, MERGE_BLOCK, TOGETHER)
     elif AHEAD:
         _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
+
+
+@triton.jit
+def _chunk(Parts, Squares, Cos, Sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps, scale, k_row, k_head,
+           k_slot, v_row, v_head, v_slot, row, kv_head, start, end, holds_pos, HEADS: tl.constexpr,
+           KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+           BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr,
+           IEEE: tl.constexpr, MASK_PAD: tl.constexpr, NEW_KV_IN_REGISTERS: tl.constexpr):
+    """The group's queries and its partial softmax over the chunk [start, end), the new K/V appended where the chunk
+    holds slot pos (`holds_pos`). NEW_KV_IN_REGISTERS: the chunk starts from the new K/V as computed and reads only
+    the slots before pos; else it appends, waits at a barrier and reads every slot, the new one from its own store."""
+    inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
+    q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin, at, eps, HEADS, KV_HEADS,
+                       GROUP_PAD, D, QKV_SPLITS, QK_NORM, MASK_PAD).to(Keys.dtype.element_ty)
+    if NEW_KV_IN_REGISTERS:
+        acc, m_i, l_i = _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps,
+                                        scale, Keys, Values, k_row, k_head, k_slot, v_row, v_head, v_slot, start, end,
+                                        holds_pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, QK_NORM, APPEND, BLOCK_N,
+                                        IEEE)
+    else:
+        if holds_pos:  # the new K/V first, seen by all the program's threads before the chunk's loads
+            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
+                    k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
+            tl.debug_barrier()
+        acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
+                                      v_head, v_slot, GROUP_PAD, D, BLOCK_N, IEEE)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, scale, Keys, Values,
+                    k_row, k_head, k_slot, v_row, v_head, v_slot, start, end, holds_pos, HEADS: tl.constexpr,
+                    KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                    QK_NORM: tl.constexpr, APPEND: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """A chunk's partial softmax over slots [start, end) that reads only the slots before pos from the cache: the
+    chunk that holds slot pos (`holds_pos`) appends the new token's K/V and starts from them as computed, rounded to
+    the cache's dtype (what a read of the cache would give), so that none of its loads waits for its own store."""
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    if holds_pos:
+        k, v = _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values,
+                       k_row, k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
+        m_i = tl.sum(q.to(tl.float32) * k.to(Keys.dtype.element_ty).to(tl.float32), 1) * scale
+        l_i = m_i * 0.0 + 1.0  # exp(m_i - m_i): the new token's weight
+        acc = acc + v.to(Values.dtype.element_ty).to(tl.float32)
+    before = tl.minimum(end, pos.to(tl.int32))  # the slots the cache held before this step
+    for n0 in range(start, before, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        k, v = kv_block(Keys, Values, row, kv_head, n, before, k_row, k_head, k_slot, v_row, v_head, v_slot, D)
+        m_i, l_i, acc = softmax_block(q, k, v, n < before, scale, m_i, l_i, acc, IEEE)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -940,7 +992,7 @@ class FusedDecoder:
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
-            TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, **self._launch())
+            TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS, **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and

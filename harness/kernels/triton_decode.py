@@ -31,32 +31,45 @@ def chunk_of(valid, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def chunk_softmax(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head, v_slot,
-                   GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                  GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """The query heads q [GROUP_PAD, D] of one KV head over slots [start, end): the unnormalised output, the
     running max and the softmax's sum (flash-decoding's partials of one chunk)."""
-    d = tl.arange(0, D)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        inside = n < end
-        k = tl.load(K + row * k_row + kv_head * k_head + n[:, None] * k_slot + d[None, :], mask=inside[:, None], other=0.0)
-        if IEEE:  # exact fp32 products: an fp32 run, or any dtype in Triton's interpreter (widened here)
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(inside[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha, p = tl.exp(m_i - m_new), tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + row * v_row + kv_head * v_head + n[:, None] * v_slot + d[None, :], mask=inside[:, None], other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        k, v = kv_block(K, V, row, kv_head, n, end, k_row, k_head, k_slot, v_row, v_head, v_slot, D)
+        m_i, l_i, acc = softmax_block(q, k, v, n < end, scale, m_i, l_i, acc, IEEE)
     return acc, m_i, l_i
+
+
+@triton.jit
+def kv_block(K, V, row, kv_head, n, end, k_row, k_head, k_slot, v_row, v_head, v_slot, D: tl.constexpr):
+    """The keys and values of one KV head at slots n [BLOCK_N], each [BLOCK_N, D] (zeros from slot `end` on)."""
+    d, inside = tl.arange(0, D), (n < end)[:, None]
+    k = tl.load(K + row * k_row + kv_head * k_head + n[:, None] * k_slot + d[None, :], mask=inside, other=0.0)
+    v = tl.load(V + row * v_row + kv_head * v_head + n[:, None] * v_slot + d[None, :], mask=inside, other=0.0)
+    return k, v
+
+
+@triton.jit
+def softmax_block(q, k, v, inside, scale, m_i, l_i, acc, IEEE: tl.constexpr):
+    """One block of slots (`inside` [BLOCK_N]: those that count) into a chunk's running max, sum and unnormalised
+    output. A block with no slot inside leaves them as they are where the running max is finite."""
+    if IEEE:  # exact fp32 products: an fp32 run, or any dtype in Triton's interpreter (widened here)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(inside[None, :], s * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha, p = tl.exp(m_i - m_new), tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
 
 
 @triton.jit
