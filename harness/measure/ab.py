@@ -18,6 +18,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
+from unittest import mock
 
 import torch
 
@@ -106,18 +107,10 @@ def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, proce
 def compile_caches_of_its_own():
     """Inductor's and Triton's cache folders, for the processes started inside, set to empty ones made here (and
     deleted after): their compiles autotune and build again, as on a machine that never compiled the config."""
-    saved = {name: os.environ.get(name) for name in CACHE_VARIABLES}
     with tempfile.TemporaryDirectory(prefix="harness-ab-compile-") as folder:
-        try:
-            for name, sub in CACHE_VARIABLES.items():
-                os.environ[name] = os.path.join(folder, sub)
+        # patch.dict gives the environment back as it was, the variables unset before unset again
+        with mock.patch.dict(os.environ, {name: os.path.join(folder, sub) for name, sub in CACHE_VARIABLES.items()}):
             yield folder
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
 
 def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple[tuple, tuple, dict[str, str]]:
