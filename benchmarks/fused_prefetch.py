@@ -88,10 +88,10 @@ KV_VARIANTS = [
     ("both", [], dict(KV_PREFETCH=True, MERGE_HEADS_TOGETHER=True)),
     ("both, chunks for 64 programs", [], dict(KV_PREFETCH=True, MERGE_HEADS_TOGETHER=True, ATTENTION_PROGRAMS=64)),
 ]
-# `--set first`: the folded attention's chunk that holds the new token started from its K/V as computed (the
-# default), or reading them back from the cache after its append and a barrier
-FIRST_VARIANTS = [("new K/V from registers (the default)", [], {}),
-                  ("new K/V read back after the append", [], dict(NEW_KV_IN_REGISTERS=False))]
+# `--set first`: the folded attention's chunk that holds the new token reading its K/V back from the cache after its
+# append and a barrier (the default), or starting from them as computed
+FIRST_VARIANTS = [("new K/V read back after the append (the default)", [], {}),
+                  ("new K/V from registers", [], dict(NEW_KV_IN_REGISTERS=True))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too
@@ -134,8 +134,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
-    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
-    "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
+    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
+    "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN")}
 
 

@@ -105,7 +105,10 @@ QUERY_PADDING_MASKED = True
 # prefetch takes HBM from the product it overlaps
 KV_PREFETCH = False
 # The folded attention's chunk that holds the new token's slot starts from the new K/V as it computed them and reads
-# only the slots before it, so that none of its loads waits for its own store (the append, then a barrier).
+# only the slots before it, so that none of its loads waits for its own store (the append, then a barrier). Off: it
+# took 0.3-1.8% longer a step on four workloads (Qwen3-0.6B at context 1024 the most), paired on one H200
+# (docs/benchmarks.md, "the new token's K/V from registers"): a softmax state started outside the loop and the new
+# token's products on CUDA cores cost the program more than the barrier and one read from L2
 NEW_KV_IN_REGISTERS = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
 # loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another.
@@ -992,7 +995,8 @@ class FusedDecoder:
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
-            TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS, **self._launch())
+            TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS,
+            **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
