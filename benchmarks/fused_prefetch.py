@@ -18,7 +18,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
     python benchmarks/fused_prefetch.py --set warps model=... bs=32  # four warps at 32 rows, or eight
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
-kernels as they were before the prefetch, four warps, none; attention: folded, the default).
+kernels as they were before the prefetch, four warps, none; attention: folded, the default) with a 95% interval
+from a bootstrap over rounds that keeps each round's pair (harness ab's statistic, harness/measure/stats.py).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from fused_kernels import fused_model_and_prompt  # this folder's (run as `pytho
 from harness.clock import block_ms
 from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
+from harness.measure.stats import paired_ratio_interval
 from harness.modes.fused import FusedMode
 
 def tiles(bn: int, bk: int, warps: int):
@@ -174,16 +176,21 @@ def main(overrides: list[str]) -> None:
             for i in order:
                 if steppers[i] is not None:
                     times[i].append(step_ms(steppers[i]))
-    base = statistics.median(times[0])
     print(f"\n{cfg.label}: {ROUNDS} rounds of {STEPS} steps a variant, alternating")
-    print("| variant | tags | median ms/step | min–max | vs first |")
+    print("| variant | tags | median ms/step | min–max | vs first (95% interval, rounds paired) |")
     print("|---|---|---:|---:|---:|")
     for (name, *_), stepper, spans in zip(VARIANTS, steppers, times):
         if stepper is None:
             continue
-        median = statistics.median(spans)
-        print(f"| {name} | {stepper.tags['fused']} | {median:.4f} | {min(spans):.4f}–{max(spans):.4f} | "
-              f"{median / base:.3f} |")
+        print(f"| {name} | {stepper.tags['fused']} | {statistics.median(spans):.4f} | "
+              f"{min(spans):.4f}–{max(spans):.4f} | {against_first(times[0], spans)} |")
+
+
+def against_first(first: list[float], spans: list[float]) -> str:
+    """The variant's median over the first's, with the 95% interval of a bootstrap over rounds that keeps each round's
+    pair together (both timed back to back in it): what harness ab reports for its arms."""
+    ratio, low, high = paired_ratio_interval([[t] for t in first], [[t] for t in spans])
+    return f"{ratio:.4f} ({low:.4f}–{high:.4f})"
 
 
 if __name__ == "__main__":
