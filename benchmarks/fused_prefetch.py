@@ -68,9 +68,10 @@ LOOP_VARIANTS = [
     ("Triton's pipeliner, 3 stages", [], dict(PIPELINE_STAGES=3)),
     ("Triton's pipeliner, 4 stages", [], dict(PIPELINE_STAGES=4)),
 ]
-# `--set chunks`: how many programs the attention's chunks aim at (fewer: longer chunks, fewer queries and merges)
+# `--set chunks`: how many programs the attention's chunks aim at (fewer: longer chunks, fewer queries and merges; at
+# 8 a bs=1 step of an 8-KV-head model has one chunk a KV head, which merges nothing, as the public study's attention)
 CHUNK_VARIANTS = [(f"attention chunks for {n} programs{' (the default)' if n == fused_decode.ATTENTION_PROGRAMS else ''}",
-                   [], dict(ATTENTION_PROGRAMS=n)) for n in (264, 128, 64, 32)]
+                   [], dict(ATTENTION_PROGRAMS=n)) for n in (264, 128, 64, 32, 16, 8)]
 # `--set padding`: the attention's padding query rows masked (the default) or repeating the last head's loads;
 # `--set before`: what changed Qwen3-8B at bs=32 (eight warps, the attention folded) against the kernels before
 PADDING_VARIANTS = [("padding query rows masked (the default)", [], {}),
