@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
-                                           TARGET_PROGRAMS, kv_block, merge_head, softmax_block, splits_for)
+                                           TARGET_PROGRAMS, empty_softmax, merge_head, softmax_over, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -523,9 +523,7 @@ def _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, 
     """A chunk's partial softmax over slots [start, end) that reads only the slots before pos from the cache: the
     chunk that holds slot pos (`holds_pos`) appends the new token's K/V and starts from them as computed, rounded to
     the cache's dtype (what a read of the cache would give), so that none of its loads waits for its own store."""
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    m_i, l_i, acc = empty_softmax(GROUP_PAD, D)
     if holds_pos:
         k, v = _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values,
                        k_row, k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
@@ -533,11 +531,8 @@ def _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, 
         l_i = m_i * 0.0 + 1.0  # exp(m_i - m_i): the new token's weight
         acc = acc + v.to(Values.dtype.element_ty).to(tl.float32)
     before = tl.minimum(end, pos.to(tl.int32))  # the slots the cache held before this step
-    for n0 in range(start, before, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        k, v = kv_block(Keys, Values, row, kv_head, n, before, k_row, k_head, k_slot, v_row, v_head, v_slot, D)
-        m_i, l_i, acc = softmax_block(q, k, v, n < before, scale, m_i, l_i, acc, IEEE)
-    return acc, m_i, l_i
+    return softmax_over(q, Keys, Values, row, kv_head, start, before, scale, k_row, k_head, k_slot, v_row, v_head,
+                        v_slot, m_i, l_i, acc, D, BLOCK_N, IEEE)
 
 
 @triton.jit

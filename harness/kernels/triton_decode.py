@@ -34,9 +34,23 @@ def chunk_softmax(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slo
                   GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """The query heads q [GROUP_PAD, D] of one KV head over slots [start, end): the unnormalised output, the
     running max and the softmax's sum (flash-decoding's partials of one chunk)."""
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    m_i, l_i, acc = empty_softmax(GROUP_PAD, D)
+    return softmax_over(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, m_i,
+                        l_i, acc, D, BLOCK_N, IEEE)
+
+
+@triton.jit
+def empty_softmax(GROUP_PAD: tl.constexpr, D: tl.constexpr):
+    """A running softmax over no slot yet: max -inf, sum 0, output 0."""
+    return (tl.full([GROUP_PAD], float("-inf"), tl.float32), tl.zeros([GROUP_PAD], tl.float32),
+            tl.zeros([GROUP_PAD, D], tl.float32))
+
+
+@triton.jit
+def softmax_over(q, K, V, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, m_i, l_i, acc,
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """A running softmax (m_i, l_i, acc) carried on over slots [start, end) of one KV head, a block at a time:
+    the unnormalised output, the running max and the sum."""
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         k, v = kv_block(K, V, row, kv_head, n, end, k_row, k_head, k_slot, v_row, v_head, v_slot, D)
