@@ -13,6 +13,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set kv model=...          # the attention's K/V asked of L2 early, the
                                                                     # group's heads merged together
     python benchmarks/fused_prefetch.py --set first model=...       # the new token's K/V from registers or the cache
+    python benchmarks/fused_prefetch.py --set wait model=...        # the attention's reads before its PDL wait
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -95,6 +96,11 @@ KV_VARIANTS = [
 # append and a barrier (the default), or starting from them as computed
 FIRST_VARIANTS = [("new K/V read back after the append (the default)", [], {}),
                   ("new K/V from registers", [], dict(NEW_KV_IN_REGISTERS=True))]
+# `--set wait`: what the folded attention reads before its PDL wait: nothing (the default), the position and its RoPE
+# rows, or those and the chunk's first block of past K/V (the new token's then from registers)
+WAIT_VARIANTS = [("nothing before the wait (the default)", [], {}),
+                 ("position and RoPE rows before the wait", [], dict(POSITION_BEFORE_WAIT=True)),
+                 ("and the chunk's first K/V block", [], dict(PAST_KV_BEFORE_WAIT=True))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too
@@ -133,13 +139,13 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
-        "warps": WARP_VARIANTS}
+        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
-    "FEWER_WARPS_FROM_HIDDEN")}
+    "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -122,14 +123,18 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
         assert torch.allclose(ours.values[:, :, :133], theirs.values[:, :, :133], atol=1e-5)
 
 
-@pytest.mark.parametrize("in_registers", [True, False], ids=["new-kv-in-registers", "new-kv-read-back"])
+@pytest.mark.parametrize("switches", [dict(NEW_KV_IN_REGISTERS=True), dict(NEW_KV_IN_REGISTERS=False),
+                                      dict(POSITION_BEFORE_WAIT=True), dict(PAST_KV_BEFORE_WAIT=True)],
+                         ids=["new-kv-in-registers", "new-kv-read-back", "position-before-wait", "past-kv-before-wait"])
 @pytest.mark.parametrize("context", [128, 129], ids=["new-token-alone-in-its-chunk", "beside-the-context"])
-def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cache(in_registers, context, monkeypatch):
+def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cache(switches, context, monkeypatch):
     """The chunk that holds the new token's slot, started from the new K/V as computed (reading only the context's
-    slots from the cache), or reading them back after its own append. Where the new token opens a chunk of its own
-    (slot 128: no slot of the context in it) and beside the context's slots, the logits and cache are eager's, at that
-    step and the next (whose chunk then reads the appended slot from the cache)."""
-    monkeypatch.setattr(fused_decode, "NEW_KV_IN_REGISTERS", in_registers)
+    slots from the cache; with the chunk's first block of them read ahead, before the PDL wait), or reading them back
+    after its own append. Where the new token opens a chunk of its own (slot 128: no slot of the context in it) and
+    beside the context's slots, the logits and cache are eager's, at that step and the next (whose chunk then reads
+    the appended slot from the cache)."""
+    for name, value in switches.items():
+        monkeypatch.setattr(fused_decode, name, value)
     monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", False)  # the capacity's grid: chunks of one block
     cfg, model, prompt = tiny_model_and_prompt(f"context_len={context}", "cache_len=256")
     eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
@@ -143,10 +148,12 @@ def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cach
         assert torch.allclose(ours.values[:, :, :context + 2], theirs.values[:, :, :context + 2], atol=1e-5)
 
 
-def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slot(monkeypatch):
+@pytest.mark.parametrize("past_kv_before_wait", [False, True], ids=["as-committed", "past-kv-before-wait"])
+def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slot(past_kv_before_wait, monkeypatch):
     """The attention's chunks sized by the longest prefix the run was planned for (two chunks for 70 slots): a step
     past it (slot 130) attends in longer chunks (two blocks), to every slot, and computes what the capacity's grid
-    (one block a chunk) computes, logits and cache, from the same prefilled context. (Against each other, not eager:
+    (one block a chunk, the kernels as committed) computes, logits and cache, from the same prefilled context; also
+    where the chunk's first block is read ahead of the rest (PAST_KV_BEFORE_WAIT). (Against each other, not eager:
     the first prefill of a CPU process has been seen to differ from the later ones by 5e-4 in a logit.)"""
     cfg, model, prompt = tiny_model_and_prompt("context_len=130", "cache_len=256")
     run, wide_run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len, prefill=False)
@@ -157,7 +164,9 @@ def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slo
     assert decoder.attn_acc.shape[2] == 2 < wide.attn_acc.shape[2]  # fewer chunks than the capacity's grid
     with torch.inference_mode():
         for step in range(3):
-            want, got = wide.step(), decoder.step()
+            want = wide.step()
+            with mock.patch.object(fused_decode, "PAST_KV_BEFORE_WAIT", past_kv_before_wait):
+                got = decoder.step()
             assert torch.allclose(got, want, atol=1e-5, rtol=0), f"step {step}: {(got - want).abs().max()}"
             assert decoder.chunks_done.eq(0).all()
             run.input_ids.copy_(want.argmax(-1, keepdim=True))
@@ -440,14 +449,21 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            Ahead2="*bf16", ahead2_bytes="i32", ahead_share="i32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
                             "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
-                            "TOGETHER", "AHEAD", "NEW_KV_IN_REGISTERS"], "constexpr"))
-for variant in (dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=True),
-                dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=False),
-                dict(KV_PREFETCH=True, TOGETHER=True, AHEAD=False, NEW_KV_IN_REGISTERS=False),
-                dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=True, NEW_KV_IN_REGISTERS=True)):
+                            "TOGETHER", "AHEAD", "NEW_KV_IN_REGISTERS", "POSITION_BEFORE_WAIT",
+                            "PAST_KV_BEFORE_WAIT"], "constexpr"))
+off = dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=False, POSITION_BEFORE_WAIT=False,
+           PAST_KV_BEFORE_WAIT=False)
+for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=True, TOGETHER=True),
+                dict(off, AHEAD=True, NEW_KV_IN_REGISTERS=True), dict(off, POSITION_BEFORE_WAIT=True),
+                dict(off, PAST_KV_BEFORE_WAIT=True)):
     consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
     ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    # the position from L2 and its RoPE rows before the wait, or after it; the chunk's first K/V block before it too
+    # (here one 2-byte load a value: the strides are not marked aligned)
+    wait, early = ptx.find("griddepcontrol.wait"), variant["POSITION_BEFORE_WAIT"] or variant["PAST_KV_BEFORE_WAIT"]
+    print("reads", (-1 < ptx.find("ld.global.cg.b64") < wait) == early and (ptx.count("ld.global", 0, wait) >= 3) == early
+          and (ptx.count("ld.global.b16", 0, wait) >= 64) == variant["PAST_KV_BEFORE_WAIT"])
     # the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at
     # the GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
     count, prefetch = ptx.find("atom.global.gpu.acq_rel.add"), ptx.find("cp.async.bulk.prefetch.L2")
@@ -475,5 +491,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["attention", "True"] * 4
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["reads", "True", "attention", "True"] * 6
                                    + ["rope_append", "True"])

@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
-                                           TARGET_PROGRAMS, empty_softmax, merge_head, softmax_over, splits_for)
+                                           TARGET_PROGRAMS, empty_softmax, kv_block, merge_head, softmax_block,
+                                           softmax_over, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -110,6 +111,15 @@ KV_PREFETCH = False
 # (docs/benchmarks.md, "the new token's K/V from registers"): a softmax state started outside the loop and the new
 # token's products on CUDA cores cost the program more than the barrier and one read from L2
 NEW_KV_IN_REGISTERS = False
+# The folded attention reads the cache position and RoPE's rows at it before its PDL wait, while the QKV product ahead
+# of it drains, where it read them after: the chain of loads that follows the wait starts at the QKV partial sums.
+# PAST_KV_BEFORE_WAIT: the chunk's first block of the slots before the position too (the new token's K/V then from
+# registers, as NEW_KV_IN_REGISTERS), as the public study's attention loads its past K/V. Measured: docs/benchmarks.md.
+# Neither is written by the kernel the attention waits for (the layer's QKV product): the position by the step
+# before's last kernel (lm_head), the slots by the step before's attention, both done before that QKV product passed
+# its own PDL wait and let the attention launch. The position is read from L2 (".cg"), past any line of it in L1.
+POSITION_BEFORE_WAIT = False
+PAST_KV_BEFORE_WAIT = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
 # loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another.
 # Off: 2.3-5.9% slower on three models, paired on one H200, even where nothing merges (Llama-3.2-1B at context 32):
@@ -376,13 +386,14 @@ def _rope_append(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Q, Keys, Values, r
     _pdl_start(PDL)
     _pdl_wait(PDL)
     pos = tl.load(Pos)
-    inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a test's fault
+    inv_rms = _inv_rms(Squares, rows, row, hidden, eps, SPLITS)
+    cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
     if head < HEADS:
-        q = _rotated_heads(Parts, rows, n_total, row, head * D + tl.zeros([1, 1], tl.int32), inv_rms, QNorm, Cos,
-                           Sin, at, eps, SPLITS, QK_NORM, D)
+        q = _rotated_heads(Parts, rows, n_total, row, head * D + tl.zeros([1, 1], tl.int32), inv_rms, QNorm, cos,
+                           sin, eps, SPLITS, QK_NORM, D)
         tl.store(Q + (row * HEADS + head) * D + tl.arange(0, D)[None, :], q.to(Q.dtype.element_ty))
     else:
-        _append(Parts, rows, n_total, row, head - HEADS, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
+        _append(Parts, rows, n_total, row, head - HEADS, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row,
                 k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, SPLITS, QK_NORM, APPEND)
 
 
@@ -420,28 +431,34 @@ def _inv_rms(Squares, rows, row, hidden, eps, SPLITS: tl.constexpr):
 
 
 @triton.jit
-def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, Cos, Sin, at, eps, SPLITS: tl.constexpr,
+def _rope_row(Cos, Sin, at, D: tl.constexpr):
+    """RoPE's cos and sin at position `at`, each [1, D / 2] fp32."""
+    half = tl.arange(0, D // 2)[None, :]
+    return tl.load(Cos + at * (D // 2) + half), tl.load(Sin + at * (D // 2) + half)
+
+
+@triton.jit
+def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, cos, sin, eps, SPLITS: tl.constexpr,
                    QK_NORM: tl.constexpr, D: tl.constexpr, real=None):
-    """The heads whose first QKV columns are `cols` [H, 1]: summed partials times 1/rms, Qwen3's head norm, RoPE at
-    position `at`, as [H, D] fp32."""
+    """The heads whose first QKV columns are `cols` [H, 1]: summed partials times 1/rms, Qwen3's head norm, RoPE by
+    the position's rows `cos` and `sin` (_rope_row), as [H, D] fp32."""
     half = tl.arange(0, D // 2)[None, :]
     x1 = _summed(Parts, rows, n_total, row, cols, half, SPLITS, real) * inv_rms
     x2 = _summed(Parts, rows, n_total, row, cols + D // 2, half, SPLITS, real) * inv_rms
     if QK_NORM:
         x1, x2 = _head_norm(x1, x2, Gain, half, eps, D)
-    cos, sin = tl.load(Cos + at * (D // 2) + half), tl.load(Sin + at * (D // 2) + half)
     y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # transformers' rotate_half convention
     return tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), (y1.shape[0], D))  # [H, 2, D / 2]: halves in order
 
 
 @triton.jit
-def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row, k_head,
+def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row, k_head,
             k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
             SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr):
     """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`; returned too,
     each [1, D] in fp32."""
     col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
-    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, Cos, Sin, at, eps, SPLITS, QK_NORM, D)
+    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, cos, sin, eps, SPLITS, QK_NORM, D)
     d = tl.arange(0, D)[None, :]
     v = _summed(Parts, rows, n_total, row, col + KV_HEADS * D, d, SPLITS) * inv_rms
     if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
@@ -453,33 +470,38 @@ def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, a
 @triton.jit
 def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M, L, Count, Out, rows, n_total,
                hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row, Ahead1, ahead1_bytes, Ahead2,
-               ahead2_bytes, ahead_share, HEADS: tl.constexpr,
-               KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-               SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-               APPEND: tl.constexpr, IEEE: tl.constexpr, MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr,
-               MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr = False, TOGETHER: tl.constexpr = False,
-               AHEAD: tl.constexpr = False, NEW_KV_IN_REGISTERS: tl.constexpr = False):
+               ahead2_bytes, ahead_share, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
+               D: tl.constexpr, QKV_SPLITS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+               QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr,
+               MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr, MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr =
+               False, TOGETHER: tl.constexpr = False, AHEAD: tl.constexpr = False, NEW_KV_IN_REGISTERS: tl.constexpr =
+               False, POSITION_BEFORE_WAIT: tl.constexpr = False, PAST_KV_BEFORE_WAIT: tl.constexpr = False):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk (_chunk), and the
     merge of the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge).
     AHEAD: each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead)
-    once its chunk's K/V are read (at once, past the valid prefix's chunks)."""
+    once its chunk's K/V are read (at once, past the valid prefix's chunks). POSITION_BEFORE_WAIT,
+    PAST_KV_BEFORE_WAIT: what it reads before its PDL wait (the module's constants say why that is safe)."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     program = (row * KV_HEADS + kv_head) * SPLITS + split
     _pdl_start(PDL)
-    _pdl_wait(PDL)
-    pos = tl.load(Pos)
-    start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
+    if not (POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT):
+        _pdl_wait(PDL)
+    pos = tl.load(Pos, cache_modifier=".cg")  # from L2: no line of an earlier step's position in this SM's L1
+    cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
+    (start, end, chunks), first_k, first_v = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N), None, None
+    if PAST_KV_BEFORE_WAIT:  # none where the chunk is past the prefix (every slot masked)
+        first_k, first_v = kv_block(Keys, Values, row, kv_head, start + tl.arange(0, BLOCK_N),
+                                    tl.minimum(end, pos.to(tl.int32)), k_row, k_head, k_slot, v_row, v_head, v_slot, D)
+    if POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT:
+        _pdl_wait(PDL)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
-        if KV_PREFETCH:  # the chunk's slots are contiguous (k_slot, v_slot == D): one request each, not waited for
-            _prefetch_to_l2(Keys, row * k_row + kv_head * k_head + start * k_slot,
-                            (end - start) * k_slot * (Keys.dtype.element_ty.primitive_bitwidth // 8))
-            _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
-                            (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
-        acc, m_i, l_i = _chunk(Parts, Squares, Cos, Sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
+        if KV_PREFETCH:
+            _chunk_to_l2(Keys, Values, row, kv_head, start, end, k_row, k_head, k_slot, v_row, v_head, v_slot)
+        acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
                                scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, start, end,
-                               split == chunks - 1, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM,
-                               ROPE_SHIFT, APPEND, IEEE, MASK_PAD, NEW_KV_IN_REGISTERS)
+                               split == chunks - 1, first_k, first_v, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
+                               BLOCK_N, QK_NORM, APPEND, IEEE, MASK_PAD, NEW_KV_IN_REGISTERS, PAST_KV_BEFORE_WAIT)
         if AHEAD:  # asked at the wait instead, the requests held up the chunks' own reads (docs/benchmarks.md)
             _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
@@ -489,25 +511,36 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
 
 
 @triton.jit
-def _chunk(Parts, Squares, Cos, Sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps, scale, k_row, k_head,
-           k_slot, v_row, v_head, v_slot, row, kv_head, start, end, holds_pos, HEADS: tl.constexpr,
+def _chunk_to_l2(Keys, Values, row, kv_head, start, end, k_row, k_head, k_slot, v_row, v_head, v_slot):
+    """The chunk's K and V asked of L2: its slots are contiguous (k_slot, v_slot == D), one request each, not waited
+    for."""
+    _prefetch_to_l2(Keys, row * k_row + kv_head * k_head + start * k_slot,
+                    (end - start) * k_slot * (Keys.dtype.element_ty.primitive_bitwidth // 8))
+    _prefetch_to_l2(Values, row * v_row + kv_head * v_head + start * v_slot,
+                    (end - start) * v_slot * (Values.dtype.element_ty.primitive_bitwidth // 8))
+
+
+@triton.jit
+def _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps, scale, k_row, k_head,
+           k_slot, v_row, v_head, v_slot, row, kv_head, start, end, holds_pos, first_k, first_v, HEADS: tl.constexpr,
            KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-           BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr,
-           IEEE: tl.constexpr, MASK_PAD: tl.constexpr, NEW_KV_IN_REGISTERS: tl.constexpr):
+           BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr,
+           MASK_PAD: tl.constexpr, NEW_KV_IN_REGISTERS: tl.constexpr, FIRST_BLOCK: tl.constexpr):
     """The group's queries and its partial softmax over the chunk [start, end), the new K/V appended where the chunk
-    holds slot pos (`holds_pos`). NEW_KV_IN_REGISTERS: the chunk starts from the new K/V as computed and reads only
-    the slots before pos; else it appends, waits at a barrier and reads every slot, the new one from its own store."""
-    inv_rms, at = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS), pos + ROPE_SHIFT  # ROPE_SHIFT: a fault
-    q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin, at, eps, HEADS, KV_HEADS,
+    holds slot pos (`holds_pos`). NEW_KV_IN_REGISTERS or FIRST_BLOCK (the chunk's first block of slots before pos
+    read already: first_k, first_v): the chunk starts from the new K/V as computed and reads only the slots before
+    pos; else it appends, waits at a barrier and reads every slot, the new one from its own store."""
+    inv_rms = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS)
+    q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, cos, sin, eps, HEADS, KV_HEADS,
                        GROUP_PAD, D, QKV_SPLITS, QK_NORM, MASK_PAD).to(Keys.dtype.element_ty)
-    if NEW_KV_IN_REGISTERS:
-        acc, m_i, l_i = _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps,
+    if NEW_KV_IN_REGISTERS or FIRST_BLOCK:
+        acc, m_i, l_i = _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps,
                                         scale, Keys, Values, k_row, k_head, k_slot, v_row, v_head, v_slot, start, end,
-                                        holds_pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, QK_NORM, APPEND, BLOCK_N,
-                                        IEEE)
+                                        holds_pos, first_k, first_v, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
+                                        QK_NORM, APPEND, BLOCK_N, IEEE, FIRST_BLOCK)
     else:
         if holds_pos:  # the new K/V first, seen by all the program's threads before the chunk's loads
-            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values, k_row,
+            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row,
                     k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
             tl.debug_barrier()
         acc, m_i, l_i = chunk_softmax(q, Keys, Values, row, kv_head, start, end, scale, k_row, k_head, k_slot, v_row,
@@ -516,27 +549,33 @@ def _chunk(Parts, Squares, Cos, Sin, QNorm, KNorm, Keys, Values, pos, rows, n_to
 
 
 @triton.jit
-def _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, scale, Keys, Values,
-                    k_row, k_head, k_slot, v_row, v_head, v_slot, start, end, holds_pos, HEADS: tl.constexpr,
-                    KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-                    QK_NORM: tl.constexpr, APPEND: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+def _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, scale, Keys, Values,
+                    k_row, k_head, k_slot, v_row, v_head, v_slot, start, end, holds_pos, first_k, first_v,
+                    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                    QKV_SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr, BLOCK_N: tl.constexpr,
+                    IEEE: tl.constexpr, FIRST_BLOCK: tl.constexpr):
     """A chunk's partial softmax over slots [start, end) that reads only the slots before pos from the cache: the
     chunk that holds slot pos (`holds_pos`) appends the new token's K/V and starts from them as computed, rounded to
-    the cache's dtype (what a read of the cache would give), so that none of its loads waits for its own store."""
+    the cache's dtype (what a read of the cache would give), so that none of its loads waits for its own store.
+    FIRST_BLOCK: the chunk's first block of those slots is first_k, first_v, read already."""
     m_i, l_i, acc = empty_softmax(GROUP_PAD, D)
     if holds_pos:
-        k, v = _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, Cos, Sin, pos, at, eps, Keys, Values,
+        k, v = _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values,
                        k_row, k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, APPEND)
         m_i = tl.sum(q.to(tl.float32) * k.to(Keys.dtype.element_ty).to(tl.float32), 1) * scale
         l_i = m_i * 0.0 + 1.0  # exp(m_i - m_i): the new token's weight
         acc = acc + v.to(Values.dtype.element_ty).to(tl.float32)
     before = tl.minimum(end, pos.to(tl.int32))  # the slots the cache held before this step
+    if FIRST_BLOCK:  # where the chunk does not hold pos, its first block has a slot; where it does, m_i is finite
+        inside = start + tl.arange(0, BLOCK_N) < before
+        m_i, l_i, acc = softmax_block(q, first_k, first_v, inside, scale, m_i, l_i, acc, IEEE)
+        start = start + BLOCK_N
     return softmax_over(q, Keys, Values, row, kv_head, start, before, scale, k_row, k_head, k_slot, v_row, v_head,
                         v_slot, m_i, l_i, acc, D, BLOCK_N, IEEE)
 
 
 @triton.jit
-def _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin, at, eps, HEADS: tl.constexpr,
+def _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, cos, sin, eps, HEADS: tl.constexpr,
                    KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
                    QK_NORM: tl.constexpr, MASK_PAD: tl.constexpr):
     """The KV head's group of queries [GROUP_PAD, D], normed and rotated, padded to the MMA's 16 rows."""
@@ -545,7 +584,7 @@ def _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, Cos, Sin,
         heads, real = kv_head * group + g, (g < group)[:, None]
     else:  # they repeat the last head's loads
         heads, real = kv_head * group + tl.minimum(g, group - 1), None
-    return _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, Cos, Sin, at, eps,
+    return _rotated_heads(Parts, rows, n_total, row, heads[:, None] * D, inv_rms, QNorm, cos, sin, eps,
                           QKV_SPLITS, QK_NORM, D, real)
 
 
@@ -991,7 +1030,7 @@ class FusedDecoder:
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
             TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS,
-            **self._launch())
+            POSITION_BEFORE_WAIT=POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT=PAST_KV_BEFORE_WAIT, **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
