@@ -489,10 +489,9 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
         _pdl_wait(PDL)
     pos = tl.load(Pos, cache_modifier=".cg")  # from L2: no line of an earlier step's position in this SM's L1
     cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
-    (start, end, chunks), first_k, first_v = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N), None, None
-    if PAST_KV_BEFORE_WAIT:  # none where the chunk is past the prefix (every slot masked)
-        first_k, first_v = kv_block(Keys, Values, row, kv_head, start + tl.arange(0, BLOCK_N),
-                                    tl.minimum(end, pos.to(tl.int32)), k_row, k_head, k_slot, v_row, v_head, v_slot, D)
+    start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
+    first_k, first_v = _first_block(Keys, Values, row, kv_head, start, tl.minimum(end, pos.to(tl.int32)), k_row, k_head,
+                                    k_slot, v_row, v_head, v_slot, pos, D, BLOCK_N, PAST_KV_BEFORE_WAIT)
     if POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT:
         _pdl_wait(PDL)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
@@ -508,6 +507,18 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                 D, SPLITS, MERGE_BLOCK, TOGETHER)
     elif AHEAD:
         _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
+
+
+@triton.jit
+def _first_block(Keys, Values, row, kv_head, start, before, k_row, k_head, k_slot, v_row, v_head, v_slot, pos,
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, READ: tl.constexpr):
+    """Where READ, the K and V of the chunk's first block of slots before the new token's (`before` on: none; none
+    at all where the chunk is past the prefix); else `pos` twice, which the chunk does not use."""
+    if READ:
+        return kv_block(Keys, Values, row, kv_head, start + tl.arange(0, BLOCK_N), before, k_row, k_head, k_slot,
+                        v_row, v_head, v_slot, D)
+    else:
+        return pos, pos
 
 
 @triton.jit
