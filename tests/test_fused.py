@@ -149,19 +149,24 @@ def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cach
 
 
 @pytest.mark.parametrize("past_kv_before_wait", [False, True], ids=["as-committed", "past-kv-before-wait"])
-def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slot(past_kv_before_wait, monkeypatch):
-    """The attention's chunks sized by the longest prefix the run was planned for (two chunks for 70 slots): a step
-    past it (slot 130) attends in longer chunks (two blocks), to every slot, and computes what the capacity's grid
-    (one block a chunk, the kernels as committed) computes, logits and cache, from the same prefilled context; also
-    where the chunk's first block is read ahead of the rest (PAST_KV_BEFORE_WAIT). (Against each other, not eager:
-    the first prefill of a CPU process has been seen to differ from the later ones by 5e-4 in a logit.)"""
+@pytest.mark.parametrize("one_chunk_max, chunks", [(0, 2), (256, 1)], ids=["two-chunks", "one-chunk"])
+def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slot(past_kv_before_wait, one_chunk_max,
+                                                                                  chunks, monkeypatch):
+    """The attention's chunks sized by the longest prefix the run was planned for (70 slots: two chunks, or one,
+    which merges nothing, where so short a prefix takes one): a step past it (slot 130) attends in longer chunks (two
+    or three blocks), to every slot, and computes what the capacity's grid (one block a chunk, the kernels as
+    committed) computes, logits and cache, from the same prefilled context; also where the chunk's first block is
+    read ahead of the rest (PAST_KV_BEFORE_WAIT). (Against each other, not eager: the first prefill of a CPU process
+    has been seen to differ from the later ones by 5e-4 in a logit.)"""
     cfg, model, prompt = tiny_model_and_prompt("context_len=130", "cache_len=256")
     run, wide_run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len, prefill=False)
     wide_run.adopt([(layer.keys[:, :, :130], layer.values[:, :, :130]) for layer in run.cache.layers], run.first_ids)
+    monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", False)
     wide = FusedDecoder(model, wide_run.cache, run.static_ids, FusedOptions(pdl=False))
     monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", True)
+    monkeypatch.setattr(fused_decode, "ONE_CHUNK_MAX_SLOTS", one_chunk_max)
     decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False), longest_prefix=70)
-    assert decoder.attn_acc.shape[2] == 2 < wide.attn_acc.shape[2]  # fewer chunks than the capacity's grid
+    assert decoder.attn_acc.shape[2] == chunks < wide.attn_acc.shape[2]  # fewer chunks than the capacity's grid
     with torch.inference_mode():
         for step in range(3):
             want = wide.step()

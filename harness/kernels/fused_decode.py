@@ -130,6 +130,12 @@ MERGE_HEADS_TOGETHER = False
 # right, in longer chunks). Llama-3.2-1B at the study's workload (capacity 16384, prefix 32-169: 4 chunks a KV head,
 # not 64) took 1.6% less a step, paired on one H200; the others' grids are the same either way
 CHUNKS_BY_PREFIX = True
+# Where that longest prefix is at most this many slots, one chunk a (row, KV head), which merges nothing: the chunk's
+# loop reads its few blocks one after another, where several chunks read them side by side and the last merges them
+# (a store, an atomic count and a load from L2, in the chain of every layer). Llama-3.2-1B at the study's workload
+# (prefix 32-169, three blocks: 8 programs, not 24) took 2.9% less a step, paired on one H200 (docs/benchmarks.md,
+# "one chunk a KV head at a short context")
+ONE_CHUNK_MAX_SLOTS = 256
 # fused.slices: where a step decodes at most SLICE_MAX_ROWS rows, each product's program multiplies a few whole rows
 # of the weight (row-major) by a split of K of at most SLICE_COLUMNS, loaded in one go before its PDL wait and
 # summed on CUDA cores, instead of looping over 64 x 128 tiles on tensor cores: all of a program's weight bytes are
@@ -978,7 +984,8 @@ class FusedDecoder:
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
         slots = self.longest_prefix if CHUNKS_BY_PREFIX else self.cache.layers[0].max_cache_len
-        splits = splits_for(rows, self.kv_heads, slots, ATTENTION_PROGRAMS)
+        one_chunk = CHUNKS_BY_PREFIX and slots <= ONE_CHUNK_MAX_SLOTS
+        splits = 1 if one_chunk else splits_for(rows, self.kv_heads, slots, ATTENTION_PROGRAMS)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
