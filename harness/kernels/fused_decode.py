@@ -111,10 +111,13 @@ KV_PREFETCH = False
 # (docs/benchmarks.md, "the new token's K/V from registers"): a softmax state started outside the loop and the new
 # token's products on CUDA cores cost the program more than the barrier and one read from L2
 NEW_KV_IN_REGISTERS = False
-# The folded attention reads the cache position and RoPE's rows at it before its PDL wait, while the QKV product ahead
-# of it drains, where it read them after: the chain of loads that follows the wait starts at the QKV partial sums.
-# PAST_KV_BEFORE_WAIT: the chunk's first block of the slots before the position too (the new token's K/V then from
-# registers, as NEW_KV_IN_REGISTERS), as the public study's attention loads its past K/V. Measured: docs/benchmarks.md.
+# POSITION_BEFORE_WAIT: the folded attention reads the cache position and RoPE's rows at it before its PDL wait, while
+# the QKV product ahead of it drains, not after it, so that the chain of loads after the wait starts at the QKV partial
+# sums. PAST_KV_BEFORE_WAIT: the chunk's first block of the slots before the position too (the new token's K/V then from
+# registers, as NEW_KV_IN_REGISTERS), as the public study's attention loads its past K/V. Both off: paired on one H200
+# (docs/benchmarks.md, "one chunk a KV head at a short context"), the position first moved the step by -0.3% to +0.5%
+# on four workloads, the first block too made it 0.5-5.2% slower (Qwen3-0.6B at context 1024 the most: its K/V read
+# while the QKV product still streams its weights).
 # Neither is written by the kernel the attention waits for (the layer's QKV product): the position by the step
 # before's last kernel (lm_head), the slots by the step before's attention, both done before that QKV product passed
 # its own PDL wait and let the attention launch. The position is read from L2 (".cg"), past any line of it in L1.
