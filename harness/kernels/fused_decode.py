@@ -135,9 +135,10 @@ MERGE_HEADS_TOGETHER = False
 CHUNKS_BY_PREFIX = True
 # Where that longest prefix is at most this many slots, one chunk a (row, KV head), which merges nothing: the chunk's
 # loop reads its few blocks one after another, where several chunks read them side by side and the last merges them
-# (a store, an atomic count and a load from L2, in the chain of every layer). Llama-3.2-1B at the study's workload
-# (prefix 32-169, three blocks: 8 programs, not 24) took 2.9% less a step, paired on one H200 (docs/benchmarks.md,
-# "one chunk a KV head at a short context")
+# (a store, an atomic count and a load from L2, in the chain of every layer). Paired on one H200 (docs/benchmarks.md,
+# "one chunk a KV head at a short context"), at context 32 (prefix up to about 170 slots): Llama-3.2-1B at the study's
+# workload 2.7% less a step, at bs=8 3.1% less, Qwen3-0.6B 1.7% less. Not beyond: at context 256 (about 394 slots)
+# one chunk took Llama-3.2-1B 1.1% less but Qwen3-0.6B (head dim 128) 11.4% more at bs=1 and 2.0% more at bs=8
 ONE_CHUNK_MAX_SLOTS = 256
 # fused.slices: where a step decodes at most SLICE_MAX_ROWS rows, each product's program multiplies a few whole rows
 # of the weight (row-major) by a split of K of at most SLICE_COLUMNS, loaded in one go before its PDL wait and
