@@ -71,8 +71,8 @@ LOOP_VARIANTS = [
 ]
 # `--set chunks`: how many programs the attention's chunks aim at (fewer: longer chunks, fewer queries and merges; at
 # 8 a bs=1 step of an 8-KV-head model has one chunk a KV head, which merges nothing, as the public study's attention)
-CHUNK_VARIANTS = [("the default (one chunk a KV head up to ONE_CHUNK_MAX_KEY_BYTES of keys)", [], {})] + [
-    (f"attention chunks for {n} programs", [], dict(ATTENTION_PROGRAMS=n, ONE_CHUNK_MAX_KEY_BYTES=0))
+CHUNK_VARIANTS = [("the default (one chunk a KV head up to ONE_CHUNK_MAX_SLOTS of prefix)", [], {})] + [
+    (f"attention chunks for {n} programs", [], dict(ATTENTION_PROGRAMS=n, ONE_CHUNK_MAX_SLOTS=0))
     for n in (264, 128, 64, 32, 16, 8)]
 # `--set padding`: the attention's padding query rows masked (the default) or repeating the last head's loads;
 # `--set before`: what changed Qwen3-8B at bs=32 (eight warps, the attention folded) against the kernels before
@@ -146,7 +146,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
-    "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_KEY_BYTES")}
+    "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

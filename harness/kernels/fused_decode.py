@@ -133,15 +133,15 @@ MERGE_HEADS_TOGETHER = False
 # right, in longer chunks). Llama-3.2-1B at the study's workload (capacity 16384, prefix 32-169: 4 chunks a KV head,
 # not 64) took 1.6% less a step, paired on one H200; the others' grids are the same either way
 CHUNKS_BY_PREFIX = True
-# Where the keys of one KV head over that longest prefix are at most this many bytes, one chunk a (row, KV head),
-# which merges nothing: the chunk's loop reads its few blocks one after another, where several chunks read them side
-# by side and the last merges them (a store, an atomic count and a load from L2, in the chain of every layer). Bytes,
-# not slots: the loop's length is what one program reads. Paired on one H200 (docs/benchmarks.md, "one chunk a KV
-# head at a short context"): at context 32 (prefix up to about 170 slots) Llama-3.2-1B at the study's workload 2.7%
-# less a step (21 KB of keys), at bs=8 3.1% less, Qwen3-0.6B 1.7% less (43 KB); at context 256 (about 394 slots)
-# Llama-3.2-1B 1.1% less (50 KB, head dim 64) but Qwen3-0.6B 11.4% more at bs=1 and 2.0% more at bs=8 (101 KB, head
-# dim 128). 64 KB: 256 slots of a 128-wide head in bf16, 512 of a 64-wide one
-ONE_CHUNK_MAX_KEY_BYTES = 64 << 10
+# Where that longest prefix is at most this many slots, one chunk a (row, KV head), which merges nothing: the chunk's
+# loop reads its few blocks one after another, where several chunks read them side by side and the last merges them
+# (a store, an atomic count and a load from L2, in the chain of every layer). Paired on one H200 each
+# (docs/benchmarks.md, "one chunk a KV head at a short context"), at context 32 (prefix up to about 170 slots):
+# Llama-3.2-1B at the study's workload 2.7% less a step, at bs=8 3.1% less, Qwen3-0.6B 1.7% less, Qwen3-8B 2.3% less.
+# Not beyond: one chunk took Llama-3.2-1B (head dim 64) 1.1% less at about 394 slots but 0.8% more at about 478, and
+# Qwen3-0.6B (head dim 128) 11.4% more at about 394 (2.0% at bs=8); so neither more slots nor a limit on the bytes of
+# keys a chunk reads (64 KB: 512 slots of Llama-3.2-1B's heads) is taken
+ONE_CHUNK_MAX_SLOTS = 256
 # fused.slices: where a step decodes at most SLICE_MAX_ROWS rows, each product's program multiplies a few whole rows
 # of the weight (row-major) by a split of K of at most SLICE_COLUMNS, loaded in one go before its PDL wait and
 # summed on CUDA cores, instead of looping over 64 x 128 tiles on tensor cores: all of a program's weight bytes are
@@ -735,11 +735,11 @@ def merge_block(valid_slots: int, splits: int) -> int:
     return min(MAX_MERGE_BLOCK, triton.next_power_of_2(chunks))
 
 
-def attention_chunks(rows: int, kv_heads: int, longest_prefix: int, key_bytes_a_slot: int) -> int:
+def attention_chunks(rows: int, kv_heads: int, longest_prefix: int) -> int:
     """Chunks a (row, KV head) of the folded attention's grid for a run whose longest prefix is `longest_prefix`
-    slots: one where a KV head's keys over it are ONE_CHUNK_MAX_KEY_BYTES or fewer, else as many as bring the programs
-    to about ATTENTION_PROGRAMS (splits_for)."""
-    if longest_prefix * key_bytes_a_slot <= ONE_CHUNK_MAX_KEY_BYTES:
+    slots: one up to ONE_CHUNK_MAX_SLOTS, else as many as bring the programs to about ATTENTION_PROGRAMS
+    (splits_for)."""
+    if longest_prefix <= ONE_CHUNK_MAX_SLOTS:
         return 1
     return splits_for(rows, kv_heads, longest_prefix, ATTENTION_PROGRAMS)
 
@@ -1000,7 +1000,7 @@ class FusedDecoder:
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
         slots = self.longest_prefix if CHUNKS_BY_PREFIX else self.cache.layers[0].max_cache_len
         if CHUNKS_BY_PREFIX:
-            splits = attention_chunks(rows, self.kv_heads, slots, self.head_dim * like.element_size())
+            splits = attention_chunks(rows, self.kv_heads, slots)
         else:
             splits = splits_for(rows, self.kv_heads, slots, ATTENTION_PROGRAMS)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
