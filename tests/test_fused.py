@@ -191,6 +191,22 @@ def test_one_attention_chunk_a_kv_head_up_to_256_slots_of_prefix():
     assert fused_decode.attention_chunks(1, 8, 1290) == 32  # Qwen3-0.6B at context 1024
 
 
+@pytest.mark.parametrize("steps_after_prompt, one_chunk", [(60, True), (200, False)],
+                         ids=["one-chunk", "chunks-and-merge"])
+def test_a_fused_run_logs_its_attention_chunks_a_kv_head(steps_after_prompt, one_chunk):
+    """The attention's grid as the run planned it, from the longest prefix it decodes to: 100 slots of context and
+    60 steps after them (161 slots), one chunk a KV head; 200 steps after them (301 slots), the grid for about 264
+    programs, several chunks and their merge."""
+    from harness.modes.fused import FusedStepper
+
+    cfg, model, prompt = tiny_model_and_prompt("context_len=100", "cache_len=320")
+    stepper = FusedStepper(model, prompt, cfg.cache_len, FusedOptions(pdl=False), steps_after_prompt=steps_after_prompt)
+    chunks = stepper.metrics["attention_chunks_per_kv_head"]
+    assert chunks == stepper.decoder.attn_acc.shape[2] == fused_decode.attention_chunks(
+        2, model.config.num_key_value_heads, 100 + steps_after_prompt + 1)
+    assert (chunks == 1) == one_chunk
+
+
 def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
     m, tags = result.metrics, result.mode_tags

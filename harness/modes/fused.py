@@ -38,7 +38,8 @@ class FusedStepper(GraphedStepper):
         longest = None if steps_after_prompt is None else prompt.shape[1] + steps_after_prompt + 1
         self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, fault, longest)
         self.metrics.update(pack_ms=(time.perf_counter() - start) * 1e3,
-                            kernel_launches_per_step=float(self.decoder.kernels_per_step()))
+                            kernel_launches_per_step=float(self.decoder.kernels_per_step()),
+                            attention_chunks_per_kv_head=float(self.decoder.attn_acc.shape[2]))
         self.tags["fused"] = " ".join(f"{field.name}={'on' if getattr(options, field.name) else 'off'}"
                                       for field in dataclasses.fields(options))  # each technique, as it ran
         if options.tune:
