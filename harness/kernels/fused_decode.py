@@ -998,11 +998,10 @@ class FusedDecoder:
         self.attn_out = torch.zeros(rows, self.heads * self.head_dim, device=like.device, dtype=like.dtype)
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
-        slots = self.longest_prefix if CHUNKS_BY_PREFIX else self.cache.layers[0].max_cache_len
-        if CHUNKS_BY_PREFIX:
-            splits = attention_chunks(rows, self.kv_heads, slots)
-        else:
-            splits = splits_for(rows, self.kv_heads, slots, ATTENTION_PROGRAMS)
+        if CHUNKS_BY_PREFIX:  # for the longest prefix the run decodes to
+            splits = attention_chunks(rows, self.kv_heads, self.longest_prefix)
+        else:  # for the cache's capacity
+            splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
