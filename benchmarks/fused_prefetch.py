@@ -14,6 +14,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                                                                     # group's heads merged together
     python benchmarks/fused_prefetch.py --set first model=...       # the new token's K/V from registers or the cache
     python benchmarks/fused_prefetch.py --set wait model=...        # the attention's reads before its PDL wait
+    python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -102,6 +103,16 @@ FIRST_VARIANTS = [("new K/V read back after the append (the default)", [], {}),
 WAIT_VARIANTS = [("nothing before the wait (the default)", [], {}),
                  ("position and RoPE rows before the wait", [], dict(POSITION_BEFORE_WAIT=True)),
                  ("and the chunk's first K/V block", [], dict(PAST_KV_BEFORE_WAIT=True))]
+# `--set launch`: where each kernel lets the next one launch (PDL's launch_dependents): the products after their
+# weight loop and the attention at its start (the default), or the products at their own wait, by kind of plan
+BOTH_KINDS = ("slices", "tiles")
+LAUNCH_VARIANTS = [("products after their loop, attention at its start (the default)", [], {}),
+                   ("every product at its wait", [], dict(LAUNCH_AT_WAIT=BOTH_KINDS)),
+                   ("slices at their wait", [], dict(LAUNCH_AT_WAIT=("slices",))),
+                   ("tiles at their wait", [], dict(LAUNCH_AT_WAIT=("tiles",))),
+                   ("every product at its wait, attention after its wait", [],
+                    dict(LAUNCH_AT_WAIT=BOTH_KINDS, ATTENTION_LAUNCH_AT_START=False)),
+                   ("attention after its wait", [], dict(ATTENTION_LAUNCH_AT_START=False))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too
@@ -140,13 +151,14 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
-        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS}
+        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
-    "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS")}
+    "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
+    "LAUNCH_AT_WAIT", "ATTENTION_LAUNCH_AT_START")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

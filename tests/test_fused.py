@@ -443,7 +443,7 @@ ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out=
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
 names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "STAGES",
-         "ONE_TILE"]
+         "ONE_TILE", "LAUNCH_AT_WAIT"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
@@ -457,10 +457,15 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
          BK=2048, DOT=False, ONE_TILE=True),
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=4, BUMP=False, PACKED=False, ROWS=1, BN=4, BK=2048, DOT=False,
          ONE_TILE=True),
+    # the next kernel let launch at the wait (LAUNCH_AT_WAIT): a slice, and tiles in a loop
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=False, X="*fp32", Out="*bf16", ROWS=1, BN=4,
+         BK=2048, DOT=False, ONE_TILE=True, LAUNCH_AT_WAIT=True),
+    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, LAUNCH_AT_WAIT=True),
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
-    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0, ONE_TILE=False),
+    consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0, ONE_TILE=False,
+                     LAUNCH_AT_WAIT=False),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
     # as Triton's JIT specialises them on the GPU: pointers and the sizes that are multiples of 16 marked so
     aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name in (
@@ -469,10 +474,12 @@ for product in products:
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     # PDL's wait and early launch in every product, and no TF32 (an fp32 run's products are exact)
     print("matvec", "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx and "tf32" not in ptx)
-    # the bulk prefetch before the wait where asked (by one thread), and the next kernel launched after the loop
+    # the bulk prefetch before the wait where asked (by one thread), and the next kernel launched after the loop's
+    # loads, or where asked at the wait, before any load that follows it
     launch, prefetch, wait = (ptx.find(op) for op in ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
                                                        "griddepcontrol.wait"))
     print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
+          and (launch < ptx.find("ld.global", wait)) == consts["LAUNCH_AT_WAIT"]
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
           and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
@@ -483,12 +490,12 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
                             "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
                             "TOGETHER", "AHEAD", "NEW_KV_IN_REGISTERS", "POSITION_BEFORE_WAIT",
-                            "PAST_KV_BEFORE_WAIT"], "constexpr"))
+                            "PAST_KV_BEFORE_WAIT", "LAUNCH_AT_START"], "constexpr"))
 off = dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=False, POSITION_BEFORE_WAIT=False,
-           PAST_KV_BEFORE_WAIT=False)
+           PAST_KV_BEFORE_WAIT=False, LAUNCH_AT_START=True)
 for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=True, TOGETHER=True),
                 dict(off, AHEAD=True, NEW_KV_IN_REGISTERS=True), dict(off, POSITION_BEFORE_WAIT=True),
-                dict(off, PAST_KV_BEFORE_WAIT=True)):
+                dict(off, PAST_KV_BEFORE_WAIT=True, LAUNCH_AT_START=False)):
     consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
     ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
@@ -496,7 +503,10 @@ for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=
     # (here one 2-byte load a value: the strides are not marked aligned)
     wait, early = ptx.find("griddepcontrol.wait"), variant["POSITION_BEFORE_WAIT"] or variant["PAST_KV_BEFORE_WAIT"]
     print("reads", (-1 < ptx.find("ld.global.cg.b64") < wait) == early and (ptx.count("ld.global", 0, wait) >= 3) == early
-          and (ptx.count("ld.global.b16", 0, wait) >= 64) == variant["PAST_KV_BEFORE_WAIT"])
+          and (ptx.count("ld.global.b16", 0, wait) >= 64) == variant["PAST_KV_BEFORE_WAIT"]
+          # the O product let launch once, at the kernel's start or after its wait
+          and ptx.count("griddepcontrol.launch_dependents") == 1
+          and (ptx.find("griddepcontrol.launch_dependents") < wait) == variant["LAUNCH_AT_START"])
     # the chunk's partials written by all threads (a barrier), then counted by one atomic released and acquired at
     # the GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
     count, prefetch = ptx.find("atom.global.gpu.acq_rel.add"), ptx.find("cp.async.bulk.prefetch.L2")
@@ -524,5 +534,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 8 + ["reads", "True", "attention", "True"] * 6
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 10 + ["reads", "True", "attention", "True"] * 6
                                    + ["rope_append", "True"])

@@ -173,6 +173,16 @@ SLICE_VALUES_A_THREAD = 64
 SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
+# Where each product lets the next kernel launch (PDL's launch_dependents), by the kind of its plan ("slices",
+# "tiles"): a kind listed here at its own PDL wait, where its programs have all started and its predecessor is done,
+# so that the next kernel's programs take the SMs' free slots and issue their weight loads while this product's loads
+# are still in flight; else after its weight loop (every weight read), the default. Never before its own wait: a
+# kernel that let the next launch at its start let a chain of kernels launch, each waiting beside the one it waits
+# for in the slots the products' programs need (43% slower, docs/benchmarks.md, "early launch"). Where it is makes no
+# difference to what is computed: the next kernel's PDL wait holds it until this one has finished.
+LAUNCH_AT_WAIT: tuple[str, ...] = ()
+# The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
+ATTENTION_LAUNCH_AT_START = True
 
 
 @dataclass(frozen=True)
@@ -202,6 +212,15 @@ def _pdl_start(PDL: tl.constexpr):
 def _pdl_wait(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _pdl_wait_launch(PDL: tl.constexpr, WAIT: tl.constexpr, LAUNCH: tl.constexpr):
+    """PDL's wait where WAIT, then the next kernel let launch where LAUNCH."""
+    if WAIT:
+        _pdl_wait(PDL)
+    if LAUNCH:
+        _pdl_start(PDL)
 
 
 @triton.jit
@@ -285,7 +304,7 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
             k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
-            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False):
+            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False, LAUNCH_AT_WAIT: tl.constexpr = False):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
@@ -294,14 +313,15 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
+    if LAUNCH_AT_WAIT:  # the next kernel's programs may take free slots and load their weights now (LAUNCH_AT_WAIT)
+        _pdl_start(PDL)
     acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
                                 pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
                                 ONE_TILE)
     if DOT:
         acc = tl.trans(acc)
-    # every weight is read: the next kernel may start loading its own (launched at this kernel's start instead, the
-    # next kernel's programs waited beside this one's and the step took 43% longer; docs/benchmarks.md)
-    _pdl_start(PDL)
+    if not LAUNCH_AT_WAIT:  # every weight is read: the next kernel may start loading its own
+        _pdl_start(PDL)
     _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
            ROWS, BN)
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
@@ -487,7 +507,8 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr,
                MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr, MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr =
                False, TOGETHER: tl.constexpr = False, AHEAD: tl.constexpr = False, NEW_KV_IN_REGISTERS: tl.constexpr =
-               False, POSITION_BEFORE_WAIT: tl.constexpr = False, PAST_KV_BEFORE_WAIT: tl.constexpr = False):
+               False, POSITION_BEFORE_WAIT: tl.constexpr = False, PAST_KV_BEFORE_WAIT: tl.constexpr = False,
+               LAUNCH_AT_START: tl.constexpr = True):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk (_chunk), and the
     merge of the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge).
@@ -496,16 +517,14 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
     PAST_KV_BEFORE_WAIT: what it reads before its PDL wait (the module's constants say why that is safe)."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     program = (row * KV_HEADS + kv_head) * SPLITS + split
-    _pdl_start(PDL)
-    if not (POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT):
-        _pdl_wait(PDL)
+    _pdl_wait_launch(PDL, False, LAUNCH_AT_START)  # (ATTENTION_LAUNCH_AT_START)
+    _pdl_wait_launch(PDL, not (POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT), False)
     pos = tl.load(Pos, cache_modifier=".cg")  # from L2: no line of an earlier step's position in this SM's L1
     cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
     start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
     first_k, first_v = _first_block(Keys, Values, row, kv_head, start, tl.minimum(end, pos.to(tl.int32)), k_row, k_head,
                                     k_slot, v_row, v_head, v_slot, pos, D, BLOCK_N, PAST_KV_BEFORE_WAIT)
-    if POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT:
-        _pdl_wait(PDL)
+    _pdl_wait_launch(PDL, POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT, not LAUNCH_AT_START)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
         if KV_PREFETCH:
             _chunk_to_l2(Keys, Values, row, kv_head, start, end, k_row, k_head, k_slot, v_row, v_head, v_slot)
@@ -692,6 +711,11 @@ class Product:
         return triton.cdiv(self.n, self.bn), self.splits
 
     @property
+    def kind_of_plan(self) -> str:
+        """"slices" (fused.slices' whole rows on CUDA cores) or "tiles"."""
+        return "slices" if self.choice and self.choice.slices else "tiles"
+
+    @property
     def one_tile(self) -> bool:
         """Whether each K split is a single tile (BK covers it)."""
         return self.bk >= triton.cdiv(self.k, self.splits)
@@ -717,7 +741,7 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
         INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
         ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
         DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-        num_warps=product.warps, **pdl_launch(pdl))
+        LAUNCH_AT_WAIT=product.kind_of_plan in LAUNCH_AT_WAIT, num_warps=product.warps, **pdl_launch(pdl))
 
 
 def pdl_launch(pdl: bool) -> dict:
@@ -1064,7 +1088,8 @@ class FusedDecoder:
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
             TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS,
-            POSITION_BEFORE_WAIT=POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT=PAST_KV_BEFORE_WAIT, **self._launch())
+            POSITION_BEFORE_WAIT=POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT=PAST_KV_BEFORE_WAIT,
+            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
