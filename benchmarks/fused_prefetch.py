@@ -104,15 +104,19 @@ WAIT_VARIANTS = [("nothing before the wait (the default)", [], {}),
                  ("position and RoPE rows before the wait", [], dict(POSITION_BEFORE_WAIT=True)),
                  ("and the chunk's first K/V block", [], dict(PAST_KV_BEFORE_WAIT=True))]
 # `--set launch`: where each kernel lets the next one launch (PDL's launch_dependents): the products after their
-# weight loop and the attention at its start (the default), or the products at their own wait, by kind of plan
-BOTH_KINDS = ("slices", "tiles")
+# weight loop and the attention at its start (the default), or the products at their own wait or after their stores,
+# by kind of plan; the attention after its wait
+AT_WAIT, AT_END = fused_decode.AT_WAIT, fused_decode.AT_END
 LAUNCH_VARIANTS = [("products after their loop, attention at its start (the default)", [], {}),
-                   ("every product at its wait", [], dict(LAUNCH_AT_WAIT=BOTH_KINDS)),
-                   ("slices at their wait", [], dict(LAUNCH_AT_WAIT=("slices",))),
-                   ("tiles at their wait", [], dict(LAUNCH_AT_WAIT=("tiles",))),
+                   ("every product at its wait", [], dict(LAUNCH_AT=dict(slices=AT_WAIT, tiles=AT_WAIT))),
+                   ("slices at their wait", [], dict(LAUNCH_AT=dict(slices=AT_WAIT))),
+                   ("tiles at their wait", [], dict(LAUNCH_AT=dict(tiles=AT_WAIT))),
                    ("every product at its wait, attention after its wait", [],
-                    dict(LAUNCH_AT_WAIT=BOTH_KINDS, ATTENTION_LAUNCH_AT_START=False)),
-                   ("attention after its wait", [], dict(ATTENTION_LAUNCH_AT_START=False))]
+                    dict(LAUNCH_AT=dict(slices=AT_WAIT, tiles=AT_WAIT), ATTENTION_LAUNCH_AT_START=False)),
+                   ("attention after its wait", [], dict(ATTENTION_LAUNCH_AT_START=False)),
+                   ("every product after its stores", [], dict(LAUNCH_AT=dict(slices=AT_END, tiles=AT_END))),
+                   ("slices after their stores", [], dict(LAUNCH_AT=dict(slices=AT_END))),
+                   ("tiles after their stores", [], dict(LAUNCH_AT=dict(tiles=AT_END)))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too
@@ -158,7 +162,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
-    "LAUNCH_AT_WAIT", "ATTENTION_LAUNCH_AT_START")}
+    "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -443,7 +443,7 @@ ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out=
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
 names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "STAGES",
-         "ONE_TILE", "LAUNCH_AT_WAIT"]
+         "ONE_TILE", "LAUNCH"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
@@ -457,15 +457,18 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
          BK=2048, DOT=False, ONE_TILE=True),
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=4, BUMP=False, PACKED=False, ROWS=1, BN=4, BK=2048, DOT=False,
          ONE_TILE=True),
-    # the next kernel let launch at the wait (LAUNCH_AT_WAIT): a slice, and tiles in a loop
+    # the next kernel let launch at the wait (LAUNCH_AT: 0), a slice and tiles in a loop; or at the end (2)
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=False, X="*fp32", Out="*bf16", ROWS=1, BN=4,
-         BK=2048, DOT=False, ONE_TILE=True, LAUNCH_AT_WAIT=True),
-    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, LAUNCH_AT_WAIT=True),
+         BK=2048, DOT=False, ONE_TILE=True, LAUNCH=0),
+    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=8, BUMP=False, PACKED=True, LAUNCH=0),
+    dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=4, BUMP=False, PACKED=False, ROWS=1, BN=4, BK=2048, DOT=False,
+         ONE_TILE=True, LAUNCH=2),
+    dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32", LAUNCH=2),
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
     consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0, ONE_TILE=False,
-                     LAUNCH_AT_WAIT=False),
+                     LAUNCH=1),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
     # as Triton's JIT specialises them on the GPU: pointers and the sizes that are multiples of 16 marked so
     aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name in (
@@ -475,11 +478,13 @@ for product in products:
     # PDL's wait and early launch in every product, and no TF32 (an fp32 run's products are exact)
     print("matvec", "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx and "tf32" not in ptx)
     # the bulk prefetch before the wait where asked (by one thread), and the next kernel launched after the loop's
-    # loads, or where asked at the wait, before any load that follows it
+    # loads and before the stores; or where asked at the wait, before any load that follows it, or after the stores
     launch, prefetch, wait = (ptx.find(op) for op in ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
                                                        "griddepcontrol.wait"))
     print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
-          and (launch < ptx.find("ld.global", wait)) == consts["LAUNCH_AT_WAIT"]
+          and ptx.count("griddepcontrol.launch_dependents") == 1
+          and (launch < ptx.find("ld.global", wait)) == (consts["LAUNCH"] == 0)
+          and any(op in ptx[launch:] for op in ("st.global", "atom.global", "red.global")) == (consts["LAUNCH"] < 2)
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
           and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
@@ -534,5 +539,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 10 + ["reads", "True", "attention", "True"] * 6
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 6
                                    + ["rope_append", "True"])

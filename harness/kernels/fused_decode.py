@@ -174,13 +174,15 @@ SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
 # Where each product lets the next kernel launch (PDL's launch_dependents), by the kind of its plan ("slices",
-# "tiles"): a kind listed here at its own PDL wait, where its programs have all started and its predecessor is done,
-# so that the next kernel's programs take the SMs' free slots and issue their weight loads while this product's loads
-# are still in flight; else after its weight loop (every weight read), the default. Never before its own wait: a
-# kernel that let the next launch at its start let a chain of kernels launch, each waiting beside the one it waits
-# for in the slots the products' programs need (43% slower, docs/benchmarks.md, "early launch"). Where it is makes no
-# difference to what is computed: the next kernel's PDL wait holds it until this one has finished.
-LAUNCH_AT_WAIT: tuple[str, ...] = ()
+# "tiles"): AFTER_LOOP, the default, once its weight loop has read every weight, before it stores; AT_WAIT, at its own
+# PDL wait, where its programs have all started and its predecessor is done, so that the next kernel's programs take
+# free slots and issue their weight loads while this product's are in flight; AT_END, after its stores, so that the
+# next kernel's programs take no slot while this one's run. Never before its own wait: a kernel that let the next
+# launch at its start let a chain of kernels launch, each waiting beside the one it waits for (43% slower,
+# docs/benchmarks.md, "early launch"). What is computed is the same at each: the next kernel's PDL wait holds it until
+# this one has finished.
+AT_WAIT, AFTER_LOOP, AT_END = 0, 1, 2
+LAUNCH_AT: dict[str, int] = {}
 # The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
 ATTENTION_LAUNCH_AT_START = True
 
@@ -304,7 +306,7 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
             k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
             SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
-            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False, LAUNCH_AT_WAIT: tl.constexpr = False):
+            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False, LAUNCH: tl.constexpr = 1):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
@@ -313,20 +315,19 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait(PDL)
-    if LAUNCH_AT_WAIT:  # the next kernel's programs may take free slots and load their weights now (LAUNCH_AT_WAIT)
-        _pdl_start(PDL)
+    _pdl_wait_launch(PDL, False, LAUNCH == 0)  # where the next kernel may launch: LAUNCH_AT
     acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
                                 pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
                                 ONE_TILE)
     if DOT:
         acc = tl.trans(acc)
-    if not LAUNCH_AT_WAIT:  # every weight is read: the next kernel may start loading its own
-        _pdl_start(PDL)
+    _pdl_wait_launch(PDL, False, LAUNCH == 1)
     _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM, OUTPUT, SPLITS,
            ROWS, BN)
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
         if pid_n + pid_k == 0:
             tl.store(Bump, tl.load(Bump) + 1)
+    _pdl_wait_launch(PDL, False, LAUNCH == 2)
 
 
 @triton.jit
@@ -741,7 +742,7 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
         INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
         ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
         DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-        LAUNCH_AT_WAIT=product.kind_of_plan in LAUNCH_AT_WAIT, num_warps=product.warps, **pdl_launch(pdl))
+        LAUNCH=LAUNCH_AT.get(product.kind_of_plan, AFTER_LOOP), num_warps=product.warps, **pdl_launch(pdl))
 
 
 def pdl_launch(pdl: bool) -> dict:
