@@ -104,19 +104,28 @@ WAIT_VARIANTS = [("nothing before the wait (the default)", [], {}),
                  ("position and RoPE rows before the wait", [], dict(POSITION_BEFORE_WAIT=True)),
                  ("and the chunk's first K/V block", [], dict(PAST_KV_BEFORE_WAIT=True))]
 # `--set launch`: where each kernel lets the next one launch (PDL's launch_dependents): the products after their
-# weight loop and the attention at its start (the default), or the products at their own wait or after their stores,
-# by kind of plan; the attention after its wait
+# weight loop and the attention at its start (the default), or some kinds of product at their own wait or after their
+# stores; the attention after its wait. "slices" are the kinds fused.slices takes at bs=1 in a model 2048 wide at most
+# (gate/up, down, lm_head), "tiles" QKV and O
 AT_WAIT, AT_END = fused_decode.AT_WAIT, fused_decode.AT_END
+SLICES, TILES, EVERY = fused_decode.SLICED_KINDS, ("qkv", "o"), fused_decode.PRODUCT_KINDS
+
+
+def launch_at(kinds, at) -> dict:
+    return dict(LAUNCH_AT=dict.fromkeys(kinds, at))
+
+
 LAUNCH_VARIANTS = [("products after their loop, attention at its start (the default)", [], {}),
-                   ("every product at its wait", [], dict(LAUNCH_AT=dict(slices=AT_WAIT, tiles=AT_WAIT))),
-                   ("slices at their wait", [], dict(LAUNCH_AT=dict(slices=AT_WAIT))),
-                   ("tiles at their wait", [], dict(LAUNCH_AT=dict(tiles=AT_WAIT))),
+                   ("every product at its wait", [], launch_at(EVERY, AT_WAIT)),
+                   ("slices at their wait", [], launch_at(SLICES, AT_WAIT)),
+                   ("tiles at their wait", [], launch_at(TILES, AT_WAIT)),
                    ("every product at its wait, attention after its wait", [],
-                    dict(LAUNCH_AT=dict(slices=AT_WAIT, tiles=AT_WAIT), ATTENTION_LAUNCH_AT_START=False)),
+                    dict(launch_at(EVERY, AT_WAIT), ATTENTION_LAUNCH_AT_START=False)),
                    ("attention after its wait", [], dict(ATTENTION_LAUNCH_AT_START=False)),
-                   ("every product after its stores", [], dict(LAUNCH_AT=dict(slices=AT_END, tiles=AT_END))),
-                   ("slices after their stores", [], dict(LAUNCH_AT=dict(slices=AT_END))),
-                   ("tiles after their stores", [], dict(LAUNCH_AT=dict(tiles=AT_END)))]
+                   ("every product after its stores", [], launch_at(EVERY, AT_END)),
+                   ("slices after their stores", [], launch_at(SLICES, AT_END)),
+                   ("tiles after their stores", [], launch_at(TILES, AT_END))] + [
+    (f"{kind} after its stores", [], launch_at([kind], AT_END)) for kind in SLICES]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too

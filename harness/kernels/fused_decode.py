@@ -173,8 +173,7 @@ SLICE_VALUES_A_THREAD = 64
 SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
-# Where each product lets the next kernel launch (PDL's launch_dependents), by the kind of its plan ("slices",
-# "tiles"): AFTER_LOOP, the default, once its weight loop has read every weight, before it stores; AT_WAIT, at its own
+# Where each kind of product (PRODUCT_KINDS) lets the next kernel launch (PDL's launch_dependents): AFTER_LOOP, the default, once its weight loop has read every weight, before it stores; AT_WAIT, at its own
 # PDL wait, where its programs have all started and its predecessor is done, so that the next kernel's programs take
 # free slots and issue their weight loads while this product's are in flight; AT_END, after its stores, so that the
 # next kernel's programs take no slot while this one's run. Never before its own wait: a kernel that let the next
@@ -693,6 +692,7 @@ class Product:
     warps: int = 4
     prefetch_bytes: int = 0  # bytes each program asks L2 for before its PDL wait (0: no prefetch)
     choice: PlanChoice | None = None  # what planned it
+    kind: str = ""  # which of a step's products (PRODUCT_KINDS) it is, where a step planned it
 
     def __str__(self) -> str:
         shape = f"{self.bn}x{self.bk} " + ("row slices" if self.choice and self.choice.slices else "tiles")
@@ -710,11 +710,6 @@ class Product:
     @property
     def grid(self) -> tuple[int, int]:
         return triton.cdiv(self.n, self.bn), self.splits
-
-    @property
-    def kind_of_plan(self) -> str:
-        """"slices" (fused.slices' whole rows on CUDA cores) or "tiles"."""
-        return "slices" if self.choice and self.choice.slices else "tiles"
 
     @property
     def one_tile(self) -> bool:
@@ -742,7 +737,7 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
         INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
         ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
         DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-        LAUNCH=LAUNCH_AT.get(product.kind_of_plan, AFTER_LOOP), num_warps=product.warps, **pdl_launch(pdl))
+        LAUNCH=LAUNCH_AT.get(product.kind, AFTER_LOOP), num_warps=product.warps, **pdl_launch(pdl))
 
 
 def pdl_launch(pdl: bool) -> dict:
@@ -990,9 +985,12 @@ class FusedDecoder:
         rules."""
         choice, sizes = self.choices.get(kind), (self.rows, self.hidden)
         if kind == "gate_up":
-            return plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
-                               choice=choice)
-        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice, kind=kind)
+            product = plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
+                                  choice=choice)
+        else:
+            product = plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice,
+                           kind=kind)
+        return replace(product, kind=kind)
 
     def products(self) -> dict[str, Product]:
         """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""
