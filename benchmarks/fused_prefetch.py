@@ -103,8 +103,9 @@ FIRST_VARIANTS = [("new K/V read back after the append (the default)", [], {}),
 WAIT_VARIANTS = [("nothing before the wait (the default)", [], {}),
                  ("position and RoPE rows before the wait", [], dict(POSITION_BEFORE_WAIT=True)),
                  ("and the chunk's first K/V block", [], dict(PAST_KV_BEFORE_WAIT=True))]
-# `--set launch`: where each kernel lets the next one launch (PDL's launch_dependents): the products after their
-# weight loop and the attention at its start (the default), or some kinds of product at their own wait or after their
+# `--set launch`: where each kernel lets the next one launch (PDL's launch_dependents): as launch_point's rule says and
+# the attention at its start (the default; rows 1-11 were first run when every product launched after its loop, the
+# last row now), or some kinds of product at their own wait or after their
 # stores; the attention after its wait. "slices" are the kinds fused.slices takes at bs=1 in a model 2048 wide at most
 # (gate/up, down, lm_head), "tiles" QKV and O
 AT_WAIT, AT_END = fused_decode.AT_WAIT, fused_decode.AT_END
@@ -115,7 +116,9 @@ def launch_at(kinds, at) -> dict:
     return dict(LAUNCH_AT=dict.fromkeys(kinds, at))
 
 
-LAUNCH_VARIANTS = [("products after their loop, attention at its start (the default)", [], {}),
+AFTER_LOOP = fused_decode.AFTER_LOOP
+LAUNCH_VARIANTS = [("the default (launch_point: a gate/up sliced on 8 warps after its stores, the rest after their "
+                    "loop; the attention at its start)", [], {}),
                    ("every product at its wait", [], launch_at(EVERY, AT_WAIT)),
                    ("slices at their wait", [], launch_at(SLICES, AT_WAIT)),
                    ("tiles at their wait", [], launch_at(TILES, AT_WAIT)),
@@ -125,7 +128,8 @@ LAUNCH_VARIANTS = [("products after their loop, attention at its start (the defa
                    ("every product after its stores", [], launch_at(EVERY, AT_END)),
                    ("slices after their stores", [], launch_at(SLICES, AT_END)),
                    ("tiles after their stores", [], launch_at(TILES, AT_END))] + [
-    (f"{kind} after its stores", [], launch_at([kind], AT_END)) for kind in SLICES]
+    (f"{kind} after its stores", [], launch_at([kind], AT_END)) for kind in SLICES] + [
+    ("every product after its loop (before launch_point's rule)", [], launch_at(EVERY, AFTER_LOOP))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too

@@ -180,6 +180,12 @@ SLICE_MORE_WARPS_FROM = 2048
 # launch at its start let a chain of kernels launch, each waiting beside the one it waits for (43% slower,
 # docs/benchmarks.md, "early launch"). What is computed is the same at each: the next kernel's PDL wait holds it until
 # this one has finished.
+# The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
+# 2048 wide at bs=1) after its stores, every other product after its loop. Paired on one H200 each
+# (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
+# step at the study's workload (twice, two GPUs), 0.9% at context 1024, 0.4-0.6% off Qwen3-1.7B's, and moved
+# Qwen3-0.6B's (four warps) by +0.0 to +0.2% and Qwen3-8B's (tiles) by +0.0%; down or lm_head after their stores
+# 0.2-0.3% on Llama-3.2-1B; every product at its wait 6-32% slower on three models.
 AT_WAIT, AFTER_LOOP, AT_END = 0, 1, 2
 LAUNCH_AT: dict[str, int] = {}
 # The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
@@ -737,7 +743,16 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
         INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
         ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
         DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-        LAUNCH=LAUNCH_AT.get(product.kind, AFTER_LOOP), num_warps=product.warps, **pdl_launch(pdl))
+        LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
+
+
+def launch_point(product: Product) -> int:
+    """Where `product`'s programs let the next kernel launch (AT_WAIT, AFTER_LOOP or AT_END): LAUNCH_AT's point for its
+    kind, else the rule's: after its stores for a gate/up sliced on eight warps, after its loop for the rest."""
+    if product.kind in LAUNCH_AT:
+        return LAUNCH_AT[product.kind]
+    sliced = product.choice is not None and product.choice.slices
+    return AT_END if product.kind == "gate_up" and sliced and product.warps >= 8 else AFTER_LOOP
 
 
 def pdl_launch(pdl: bool) -> dict:
