@@ -185,7 +185,7 @@ SLICE_MORE_WARPS_FROM = 2048
 # (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
 # step at the study's workload (twice, two GPUs), 0.9% at context 1024, 0.4-0.6% off Qwen3-1.7B's, and moved
 # Qwen3-0.6B's (four warps) by +0.0 to +0.2% and Qwen3-8B's (tiles) by +0.0%; down or lm_head after their stores
-# 0.2-0.3% on Llama-3.2-1B; every product at its wait 6-32% slower on three models.
+# 0.2-0.3% on Llama-3.2-1B; every product at its wait 5.5-32% slower on three models.
 AT_WAIT, AFTER_LOOP, AT_END = 0, 1, 2
 LAUNCH_AT: dict[str, int] = {}
 # The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
