@@ -15,6 +15,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set first model=...       # the new token's K/V from registers or the cache
     python benchmarks/fused_prefetch.py --set wait model=...        # the attention's reads before its PDL wait
     python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
+    python benchmarks/fused_prefetch.py --set into_o model=...      # the attention folded into the O product
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -130,6 +131,12 @@ LAUNCH_VARIANTS = [("the default (launch_point: a gate/up sliced on 8 warps afte
                    ("tiles after their stores", [], launch_at(TILES, AT_END))] + [
     (f"{kind} after its stores", [], launch_at([kind], AT_END)) for kind in SLICES] + [
     ("every product after its loop (before launch_point's rule)", [], launch_at(EVERY, AFTER_LOOP))]
+# `--set into_o`: each layer's attention folded into its O product (one launch a layer fewer), at one row or up to 8,
+# with its registers held to 128 a thread (the default when folded) or left to ptxas
+INTO_O_VARIANTS = [("attention and O apart (the default)", [], {}),
+                   ("attention folded into O", [], dict(ATTENTION_IN_O_MAX_ROWS=8)),
+                   ("attention folded into O, registers left to ptxas", [],
+                    dict(ATTENTION_IN_O_MAX_ROWS=8, ATTENTION_O_REGISTERS=None))]
 # `--set products`: how many programs a product's K splits aim at, and its tile (default 64 x 128 on 8 warps), each
 # against the split rule lease G1 ran it on (4 programs an SM, no more splits before blocks narrow), pinned here so
 # that the set measures what its labels say under today's defaults too
@@ -168,14 +175,14 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
-        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS}
+        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
-    "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START")}
+    "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "ATTENTION_IN_O_MAX_ROWS", "ATTENTION_O_REGISTERS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

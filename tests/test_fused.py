@@ -74,6 +74,53 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
         assert torch.allclose(ours.values[:, :, : start + 4], theirs.values[:, :, : start + 4], atol=1e-5)
 
 
+@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
+def test_the_attention_folded_into_o_computes_eager_logits_and_cache(family, context, monkeypatch):
+    """Each layer's attention computed inside its O product (ATTENTION_IN_O_MAX_ROWS): every block of O's columns
+    computes its KV head's attention again and the first appends the new K/V; the logits and the cache are eager's,
+    over prefixes of one block and of three (two blocks of O's columns, two KV heads, two rows)."""
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_O_MAX_ROWS", 2)
+    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
+    assert decoder.attention_in_o and decoder.kernels_per_step() == 4 * len(decoder.layers) + 1
+    assert decoder.hidden // fused_decode.attention_o_block(decoder.hidden, decoder.kv_heads) == 2
+    decode_like_eager(eager, run, decoder, 3)
+    for ours, theirs in zip(run.cache.layers, eager.cache.layers):
+        assert int(ours.cumulative_length) == int(theirs.cumulative_length) == context + 3
+        assert torch.allclose(ours.keys[:, :, : context + 3], theirs.keys[:, :, : context + 3], atol=1e-5)
+        assert torch.allclose(ours.values[:, :, : context + 3], theirs.values[:, :, : context + 3], atol=1e-5)
+
+
+def test_the_attention_folds_into_o_only_where_asked_and_one_chunk_a_kv_head(monkeypatch):
+    fold = fused_decode.folds_attention_into_o
+    assert not fold(FusedOptions(), 1, 32, 8, 1)  # ATTENTION_IN_O_MAX_ROWS: 0, off
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_O_MAX_ROWS", 8)
+    assert fold(FusedOptions(), 1, 32, 8, 1) and fold(FusedOptions(), 8, 16, 8, 1)
+    assert not fold(FusedOptions(), 9, 32, 8, 1)  # more rows
+    assert not fold(FusedOptions(), 1, 32, 8, 2)  # chunks to merge
+    assert not fold(FusedOptions(fold_attention=False), 1, 32, 8, 1)
+    assert not fold(FusedOptions(), 1, 24, 8, 1)  # a group of three heads
+
+
+def test_a_fault_inside_the_attention_folded_into_o_changes_what_it_computes(monkeypatch):
+    """The built-in faults act in the attention folded into O too: RoPE a slot off, or the new K/V never appended."""
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_O_MAX_ROWS", 2)
+    eager, run, decoder = fused_and_eager()
+    assert decoder.attention_in_o
+    with torch.inference_mode():
+        want = eager.step()
+        decoder.rope_shift = 1
+        assert not torch.allclose(decoder.step(), want, atol=1e-3)
+        run.rewind()
+        decoder.rope_shift, decoder.append = 0, False
+        for layer in run.cache.layers:
+            layer.keys[:, :, eager.context_len] = 0
+        decoder.step()
+        assert all(layer.keys[:, :, eager.context_len].eq(0).all() for layer in run.cache.layers)
+
+
 def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
     """The products' other loop (Triton's pipeliner after the first tile), over splits of several tiles each: the
     same logits as eager's, step after step."""
@@ -464,7 +511,7 @@ def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
 AOT_COMPILE = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from harness.kernels.fused_decode import _attention, _matvec, _rope_append
+from harness.kernels.fused_decode import _attention, _attention_o, _matvec, _rope_append
 
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
@@ -556,6 +603,23 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
 consts = dict(HEADS=16, KV_HEADS=8, D=128, SPLITS=8, QK_NORM=True, ROPE_SHIFT=0, APPEND=True, PDL=True)
 ptx = triton.compile(ASTSource(_rope_append, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 print("rope_append", "griddepcontrol.wait" in ptx)
+sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
+           Keys="*bf16", Values="*bf16", Wo="*bf16", Residual="*fp32", Bump="*i64",
+           **dict.fromkeys(["rows", "n_total", "hidden"], "i32"), eps="fp32", scale="fp32",
+           **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
+           **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "BLOCK_N", "BN", "QK_NORM",
+                            "ROPE_SHIFT", "APPEND", "IEEE", "BUMP", "PDL", "PREFETCH"], "constexpr"))
+for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's groups of four 64-wide heads, Qwen3-0.6B's of two 128-wide
+    consts = dict(HEADS=heads, KV_HEADS=8, GROUP_PAD=16, D=d, QKV_SPLITS=8, BLOCK_N=64, BN=64, QK_NORM=d == 128,
+                  ROPE_SHIFT=0, APPEND=True, IEEE=False, BUMP=True, PDL=True, PREFETCH=True)
+    ptx = triton.compile(ASTSource(_attention_o, sig, consts), target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_warps=8)).asm["ptx"]
+    # o_proj's tile asked of L2 before the wait (one request), the attention on tensor cores, the sums added to the
+    # residual atomically, and the next kernel let launch after them
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    adds = max(ptx.rfind("red.global"), ptx.rfind("atom.global"))
+    print("attention_o", -1 < ptx.find("cp.async.bulk.prefetch.L2") < wait < adds < launch and "mma" in ptx[wait:]
+          and ptx.count("cp.async.bulk.prefetch.L2") == 1)
 """
 
 
@@ -567,4 +631,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 6
-                                   + ["rope_append", "True"])
+                                   + ["rope_append", "True", "attention_o", "True", "attention_o", "True"])

@@ -180,6 +180,12 @@ SLICE_MORE_WARPS_FROM = 2048
 # launch at its start let a chain of kernels launch, each waiting beside the one it waits for (43% slower,
 # docs/benchmarks.md, "early launch"). What is computed is the same at each: the next kernel's PDL wait holds it until
 # this one has finished.
+# Each layer's attention folded into its O product, one launch a layer fewer, where a step decodes at most this many
+# rows and the attention is one chunk a KV head (ONE_CHUNK_MAX_SLOTS): every program of O, a block of its columns
+# times one KV head's group of heads (K split by KV head, added atomically), computes that group's attention over
+# the whole prefix itself (folds_attention_into_o; the kernel `_attention_o`). Off (0) until measured
+ATTENTION_IN_O_MAX_ROWS = 0
+ATTENTION_O_REGISTERS = 128
 # The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
 # 2048 wide at bs=1) after its stores, every other product after its loop. Paired on one H200 each
 # (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
@@ -490,15 +496,23 @@ def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, cos, sin, eps
 
 
 @triton.jit
+def _new_kv(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, eps, HEADS: tl.constexpr,
+            KV_HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, QK_NORM: tl.constexpr):
+    """The new token's K (normed, rotated) and V of one KV head from the QKV product's partial sums, each [1, D]."""
+    col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
+    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, cos, sin, eps, SPLITS, QK_NORM, D)
+    return k, _summed(Parts, rows, n_total, row, col + KV_HEADS * D, tl.arange(0, D)[None, :], SPLITS) * inv_rms
+
+
+@triton.jit
 def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row, k_head,
             k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
             SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr):
     """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`; returned too,
     each [1, D] in fp32."""
-    col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
-    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, cos, sin, eps, SPLITS, QK_NORM, D)
+    k, v = _new_kv(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, eps, HEADS, KV_HEADS, D, SPLITS,
+                   QK_NORM)
     d = tl.arange(0, D)[None, :]
-    v = _summed(Parts, rows, n_total, row, col + KV_HEADS * D, d, SPLITS) * inv_rms
     if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
         tl.store(Keys + row * k_row + kv_head * k_head + pos * k_slot + d, k.to(Keys.dtype.element_ty))
         tl.store(Values + row * v_row + kv_head * v_head + pos * v_slot + d, v.to(Values.dtype.element_ty))
@@ -683,6 +697,69 @@ def _merge_group(Acc, M, L, out_at, row, kv_head, chunks, HEADS: tl.constexpr, K
     tl.store(out_at, outs.to(out_at.dtype.element_ty), mask=(g < HEADS // KV_HEADS)[:, None])
 
 
+@triton.jit
+def _attention_o(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Wo, Residual, Bump, rows, n_total,
+                 hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr,
+                 KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BN: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
+                 APPEND: tl.constexpr, IEEE: tl.constexpr, BUMP: tl.constexpr, PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr):
+    """The O product with the attention folded in (ATTENTION_IN_O_MAX_ROWS), for one block of BN of its output
+    columns and one KV head, the product's K split by KV head: the group's attention over the whole valid prefix
+    [0, pos] (one chunk), as `_attention`'s one chunk computes it, then times the group's columns of o_proj, added
+    to the residual stream atomically (one split a KV head). Every block of columns computes its KV head's attention
+    again; the first appends the new K/V, and none reads slot pos (the new token's K/V come from registers)."""
+    pid_n, kv_head = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    tile = (kv_head * tl.num_programs(0) + pid_n) * (BN * HEADS // KV_HEADS * D)  # o_proj packed (pack_o_groups)
+    if PREFETCH:  # asked of L2 before the wait, loaded once the attention is done (registers: not held across it)
+        _prefetch_to_l2(Wo, tile, BN * HEADS // KV_HEADS * D * (Wo.dtype.element_ty.primitive_bitwidth // 8))
+    _pdl_wait(PDL)
+    pos = tl.load(Pos, cache_modifier=".cg")  # from L2: no line of an earlier step's position in this SM's L1
+    cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
+    for row in range(rows):
+        o = _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
+                          scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, pid_n == 0, HEADS,
+                          KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
+        w = _o_group_columns(Wo, tile, BN, HEADS // KV_HEADS, D)
+        out = tl.sum(tl.sum(w.to(tl.float32) * o[None, :, :], 2), 1)
+        tl.atomic_add(Residual + row * hidden + n, out, mask=n < hidden, sem="relaxed")
+    _pdl_start(PDL)
+    if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
+        if pid_n + kv_head == 0:
+            tl.store(Bump, tl.load(Bump) + 1)
+
+
+@triton.jit
+def _o_group_columns(Wo, tile, BN: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
+    """A program's tile of o_proj as pack_o_groups packs it: [BN, GROUP, D] contiguous from element `tile`."""
+    i, g, d = tl.arange(0, BN), tl.arange(0, GROUP), tl.arange(0, D)
+    return tl.load(Wo + tile + i[:, None, None] * (GROUP * D) + g[None, :, None] * D + d[None, None, :])
+
+
+@triton.jit
+def _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps, scale,
+                  k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, writer, HEADS: tl.constexpr,
+                  KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr):
+    """One row's attention output for the KV head's group of heads, [group, D] fp32 rounded to the cache's dtype (as
+    `_attention` stores it for the O product); the new K/V appended where `writer`."""
+    inv_rms = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS)
+    q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, cos, sin, eps, HEADS, KV_HEADS,
+                       GROUP_PAD, D, QKV_SPLITS, QK_NORM, True).to(Keys.dtype.element_ty)
+    acc, m_i, l_i = _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, scale,
+                                    Keys, Values, k_row, k_head, k_slot, v_row, v_head, v_slot, 0, pos + 1, True, pos,
+                                    pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, QK_NORM, False, BLOCK_N, IEEE,
+                                    False)
+    if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
+        if writer:
+            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row,
+                    k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, True)
+    o = (acc / l_i[:, None]).to(Keys.dtype.element_ty).to(tl.float32)  # [GROUP_PAD, D]: the group's heads first
+    pick = tl.arange(0, HEADS // KV_HEADS)[:, None] == tl.arange(0, GROUP_PAD)[None, :]
+    return tl.sum(tl.where(pick[:, :, None], o[None, :, :], 0.0), 1)
+
+
 @dataclass(frozen=True)
 class Product:
     """One matrix-vector product's launch plan and its weights as the kernel reads them."""
@@ -777,6 +854,44 @@ def attention_chunks(rows: int, kv_heads: int, longest_prefix: int) -> int:
     if longest_prefix <= ONE_CHUNK_MAX_SLOTS:
         return 1
     return splits_for(rows, kv_heads, longest_prefix, ATTENTION_PROGRAMS)
+
+
+def folds_attention_into_o(options: FusedOptions, rows: int, heads: int, kv_heads: int, chunks: int) -> bool:
+    """Whether a step folds each layer's attention into its O product: the attention folded, one chunk a KV head
+    (nothing to merge), ATTENTION_IN_O_MAX_ROWS rows at most, and a group of query heads a power of two."""
+    group = heads // kv_heads
+    return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_O_MAX_ROWS
+            and group == triton.next_power_of_2(group))
+
+
+def attention_o_warps() -> dict:
+    """`_attention_o`'s warps and registers a thread: eight warps held to ATTENTION_O_REGISTERS (two programs an SM:
+    Llama-3.2-1B's 256 programs in one wave; left to ptxas it took 224, one program an SM); one in the interpreter."""
+    if interpreted():
+        return dict(num_warps=1)
+    return dict(num_warps=8, **({"maxnreg": ATTENTION_O_REGISTERS} if ATTENTION_O_REGISTERS else {}))
+
+
+def pack_o_groups(weight: torch.Tensor, bn: int, kv_heads: int) -> torch.Tensor:
+    """o_proj [hidden, heads * D] as the attention folded into O reads it: for each KV head, then each block of bn
+    output rows, the block's columns of that KV head's group of heads, [bn, group * D] contiguous (rows past hidden
+    zero), so that a program asks L2 for its tile in one request."""
+    hidden, width = weight.shape
+    rows = triton.cdiv(hidden, bn) * bn
+    padded = torch.zeros(rows, width, dtype=weight.dtype, device=weight.device)
+    padded[:hidden] = weight
+    return padded.view(rows // bn, bn, kv_heads, width // kv_heads).permute(2, 0, 1, 3).contiguous()
+
+
+def attention_o_block(hidden: int, kv_heads: int) -> int:
+    """O's output columns a program of the attention folded into O takes: 64, or fewer where that leaves fewer
+    programs than SMs; in Triton's interpreter 32 (a tiny model's O then runs as two blocks, whose first appends)."""
+    if interpreted():
+        return 32
+    block = 64
+    while block > 16 and triton.cdiv(hidden, block) * kv_heads < SMS:
+        block //= 2
+    return block
 
 
 def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
@@ -959,6 +1074,7 @@ class Layer:
     mlp_norm: torch.Tensor
     gate_up: Product
     down: Product
+    o_groups: torch.Tensor | None = None  # o_proj as the attention folded into O reads it (pack_o_groups)
 
 
 class FusedDecoder:
@@ -988,6 +1104,13 @@ class FusedDecoder:
         self.longest_prefix = min(longest_prefix or capacity, capacity)
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
+        self.attention_in_o = folds_attention_into_o(options, rows, self.heads, self.kv_heads, self.attn_acc.shape[2])
+        if self.attention_in_o:
+            block = attention_o_block(self.hidden, self.kv_heads)
+            with torch.no_grad():
+                self.layers = [replace(ours, o_groups=pack_o_groups(theirs.self_attn.o_proj.weight, block,
+                                                                    self.kv_heads))
+                               for ours, theirs in zip(self.layers, model.model.layers)]
 
     def _layer(self, layer) -> Layer:
         attn = layer.self_attn
@@ -1046,7 +1169,7 @@ class FusedDecoder:
         self.chunks_done = torch.zeros(rows, self.kv_heads, device=like.device, dtype=torch.int32)
 
     def kernels_per_step(self) -> int:
-        return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
+        return (4 if self.attention_in_o else 5 if self.options.fold_attention else 7) * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
         position = self.cache.layers[0].cumulative_length
@@ -1055,17 +1178,36 @@ class FusedDecoder:
                 self._product(layer.qkv, self.qkv_parts, self.embedding, input=EMBEDDING, gain=layer.attn_norm)
             else:
                 self._product(layer.qkv, self.qkv_parts, self.residual, gain=layer.attn_norm)
-            if self.options.fold_attention:
-                self._attention(layer, kv, position)
-            else:
-                self._rope_append(layer, kv, position)
-                self._attend(kv, position)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
-            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
+            if self.attention_in_o:
+                self._attention_o(layer, kv, position, bump)
+            else:
+                self._attention_then_o(layer, kv, position, bump)
             self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
             self._product(layer.down, self.residual, self.act, output=ADD)
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
         return self.logits
+
+    def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
+        if self.options.fold_attention:
+            self._attention(layer, kv, position)
+        else:
+            self._rope_append(layer, kv, position)
+            self._attend(kv, position)
+        self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
+
+    def _attention_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
+        """The attention folded into the O product (ATTENTION_IN_O_MAX_ROWS): one launch for both."""
+        keys, values, block = kv.keys, kv.values, attention_o_block(self.hidden, self.kv_heads)
+        norms = [self.cos if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        _attention_o[(triton.cdiv(self.hidden, block), self.kv_heads)](
+            self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, keys, values, layer.o_groups,
+            self.residual, position if bump is None else bump, self.rows, layer.qkv.n, self.hidden, self.eps,
+            self.scale, *keys.stride()[:3], *values.stride()[:3], HEADS=self.heads, KV_HEADS=self.kv_heads,
+            GROUP_PAD=max(16, triton.next_power_of_2(self.heads // self.kv_heads)), D=self.head_dim,
+            QKV_SPLITS=layer.qkv.splits, BLOCK_N=ATTN_BLOCK_N, BN=block, QK_NORM=layer.q_norm is not None,
+            ROPE_SHIFT=self.rope_shift, APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(),
+            BUMP=bump is not None, PREFETCH=not interpreted(), **self._launch(), **attention_o_warps())
 
     def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
                  output=PARTIALS, bump=None) -> None:
