@@ -183,7 +183,11 @@ SLICE_MORE_WARPS_FROM = 2048
 # Each layer's attention folded into its O product, one launch a layer fewer, where a step decodes at most this many
 # rows and the attention is one chunk a KV head (ONE_CHUNK_MAX_SLOTS): every program of O, a block of its columns
 # times one KV head's group of heads (K split by KV head, added atomically), computes that group's attention over
-# the whole prefix itself (folds_attention_into_o; the kernel `_attention_o`). Off (0) until measured
+# the whole prefix itself (folds_attention_into_o; the kernel `_attention_o`). Off (0): paired on one H200
+# (docs/benchmarks.md, "where a kernel lets the next launch"), Llama-3.2-1B's step at the study's workload took 1.2%
+# longer (1.7% with its registers left to ptxas, 224 a thread: one program an SM), Qwen3-0.6B's at context 32 9.5%
+# longer, Llama-3.2-1B's at bs=8 95% (each program's rows one after another): the attention's chain of round trips,
+# now in every program of O and after its wait, costs more than the launch it saves
 ATTENTION_IN_O_MAX_ROWS = 0
 ATTENTION_O_REGISTERS = 128
 # The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
