@@ -173,23 +173,14 @@ SLICE_VALUES_A_THREAD = 64
 SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
-# Where each kind of product (PRODUCT_KINDS) lets the next kernel launch (PDL's launch_dependents): AFTER_LOOP, the default, once its weight loop has read every weight, before it stores; AT_WAIT, at its own
-# PDL wait, where its programs have all started and its predecessor is done, so that the next kernel's programs take
-# free slots and issue their weight loads while this product's are in flight; AT_END, after its stores, so that the
-# next kernel's programs take no slot while this one's run. Never before its own wait: a kernel that let the next
+# Where each kind of product (PRODUCT_KINDS) lets the next kernel launch (PDL's launch_dependents): AFTER_LOOP, once
+# its weight loop has read every weight, before it stores; AT_WAIT, at its own PDL wait, where its programs have all
+# started and its predecessor is done, so that the next kernel's programs take free slots and issue their weight
+# loads while this product's are in flight; AT_END, after its stores, so that the next kernel's programs take no slot
+# while this one's run. Never before its own wait: a kernel that let the next
 # launch at its start let a chain of kernels launch, each waiting beside the one it waits for (43% slower,
 # docs/benchmarks.md, "early launch"). What is computed is the same at each: the next kernel's PDL wait holds it until
 # this one has finished.
-# Each layer's attention folded into its O product, one launch a layer fewer, where a step decodes at most this many
-# rows and the attention is one chunk a KV head (ONE_CHUNK_MAX_SLOTS): every program of O, a block of its columns
-# times one KV head's group of heads (K split by KV head, added atomically), computes that group's attention over
-# the whole prefix itself (folds_attention_into_o; the kernel `_attention_o`). Off (0): paired on one H200
-# (docs/benchmarks.md, "where a kernel lets the next launch"), Llama-3.2-1B's step at the study's workload took 1.2%
-# longer (1.7% with its registers left to ptxas, 224 a thread: one program an SM), Qwen3-0.6B's at context 32 9.5%
-# longer, Llama-3.2-1B's at bs=8 95% (each program's rows one after another): the attention's chain of round trips,
-# now in every program of O and after its wait, costs more than the launch it saves
-ATTENTION_IN_O_MAX_ROWS = 0
-ATTENTION_O_REGISTERS = 128
 # The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
 # 2048 wide at bs=1) after its stores, every other product after its loop. Paired on one H200 each
 # (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
@@ -200,6 +191,16 @@ AT_WAIT, AFTER_LOOP, AT_END = 0, 1, 2
 LAUNCH_AT: dict[str, int] = {}
 # The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
 ATTENTION_LAUNCH_AT_START = True
+# Each layer's attention folded into its O product, one launch a layer fewer, where a step decodes at most this many
+# rows and the attention is one chunk a KV head (ONE_CHUNK_MAX_SLOTS): every program of O, a block of its columns
+# times one KV head's group of heads (K split by KV head, added atomically), computes that group's attention over
+# the whole prefix itself (folds_attention_into_o; the kernel `_attention_o`). Off (0): paired on one H200
+# (docs/benchmarks.md, "where a kernel lets the next launch"), Llama-3.2-1B's step at the study's workload took 1.2%
+# longer (1.7% with its registers left to ptxas, 224 a thread: one program an SM), Qwen3-0.6B's at context 32 9.5%
+# longer, Llama-3.2-1B's at bs=8 95% (each program's rows one after another): the attention's chain of round trips,
+# now in every program of O and after its wait, costs more than the launch it saves
+ATTENTION_IN_O_MAX_ROWS = 0
+ATTENTION_O_REGISTERS = 128
 
 
 @dataclass(frozen=True)
@@ -728,7 +729,7 @@ def _attention_o(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Wo, 
         w = _o_group_columns(Wo, tile, BN, HEADS // KV_HEADS, D)
         out = tl.sum(tl.sum(w.to(tl.float32) * o[None, :, :], 2), 1)
         tl.atomic_add(Residual + row * hidden + n, out, mask=n < hidden, sem="relaxed")
-    _pdl_start(PDL)
+    _pdl_start(PDL)  # after its adds, as a gate/up's (launch_point): nothing of the next kernel waits beside it
     if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
         if pid_n + kv_head == 0:
             tl.store(Bump, tl.load(Bump) + 1)
