@@ -107,10 +107,10 @@ WAIT_VARIANTS = [("nothing before the wait (the default)", [], {}),
                  ("and the chunk's first K/V block", [], dict(PAST_KV_BEFORE_WAIT=True))]
 # `--set launch`: where each kernel lets the next one launch (PDL's launch_dependents): as launch_point's rule says and
 # the attention at its start (the default; rows 1-11 were first run when every product launched after its loop, the
-# last row now), or some kinds of product at their own wait or after their
-# stores; the attention after its wait. "slices" are the kinds fused.slices takes at bs=1 in a model 2048 wide at most
-# (gate/up, down, lm_head), "tiles" QKV and O
-AT_WAIT, AT_END = fused_decode.AT_WAIT, fused_decode.AT_END
+# last row now), or some kinds of product at their own wait or after their stores; the attention after its wait.
+# "slices" are the kinds fused.slices takes at bs=1 in a model 2048 wide at most (gate/up, down, lm_head), "tiles"
+# QKV and O
+AT_WAIT, AFTER_LOOP, AT_END = fused_decode.AT_WAIT, fused_decode.AFTER_LOOP, fused_decode.AT_END
 SLICES, TILES, EVERY = fused_decode.SLICED_KINDS, ("qkv", "o"), fused_decode.PRODUCT_KINDS
 
 
@@ -118,7 +118,6 @@ def launch_at(kinds, at) -> dict:
     return dict(LAUNCH_AT=dict.fromkeys(kinds, at))
 
 
-AFTER_LOOP = fused_decode.AFTER_LOOP
 LAUNCH_VARIANTS = [("the default (launch_point: a gate/up sliced on 8 warps after its stores, the rest after their "
                     "loop; the attention at its start)", [], {}),
                    ("every product at its wait", [], launch_at(EVERY, AT_WAIT)),

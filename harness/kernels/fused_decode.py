@@ -177,10 +177,9 @@ SLICE_MORE_WARPS_FROM = 2048
 # its weight loop has read every weight, before it stores; AT_WAIT, at its own PDL wait, where its programs have all
 # started and its predecessor is done, so that the next kernel's programs take free slots and issue their weight
 # loads while this product's are in flight; AT_END, after its stores, so that the next kernel's programs take no slot
-# while this one's run. Never before its own wait: a kernel that let the next
-# launch at its start let a chain of kernels launch, each waiting beside the one it waits for (43% slower,
-# docs/benchmarks.md, "early launch"). What is computed is the same at each: the next kernel's PDL wait holds it until
-# this one has finished.
+# while this one's run. Never before its own wait: a kernel that let the next launch at its start let a chain of
+# kernels launch, each waiting beside the one it waits for (43% slower, docs/benchmarks.md, "early launch"). What is
+# computed is the same at each: the next kernel's PDL wait holds it until this one has finished.
 # The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
 # 2048 wide at bs=1) after its stores, every other product after its loop. Paired on one H200 each
 # (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
@@ -330,8 +329,7 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
-    _pdl_wait(PDL)
-    _pdl_wait_launch(PDL, False, LAUNCH == 0)  # where the next kernel may launch: LAUNCH_AT
+    _pdl_wait_launch(PDL, True, LAUNCH == 0)  # where the next kernel may launch (0, 1, 2): launch_point
     acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
                                 pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
                                 ONE_TILE)
@@ -501,23 +499,15 @@ def _rotated_heads(Parts, rows, n_total, row, cols, inv_rms, Gain, cos, sin, eps
 
 
 @triton.jit
-def _new_kv(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, eps, HEADS: tl.constexpr,
-            KV_HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, QK_NORM: tl.constexpr):
-    """The new token's K (normed, rotated) and V of one KV head from the QKV product's partial sums, each [1, D]."""
-    col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
-    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, cos, sin, eps, SPLITS, QK_NORM, D)
-    return k, _summed(Parts, rows, n_total, row, col + KV_HEADS * D, tl.arange(0, D)[None, :], SPLITS) * inv_rms
-
-
-@triton.jit
 def _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row, k_head,
             k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
             SPLITS: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr):
     """The new token's K (normed, rotated) and V of one KV head, written to the cache at slot `pos`; returned too,
     each [1, D] in fp32."""
-    k, v = _new_kv(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, eps, HEADS, KV_HEADS, D, SPLITS,
-                   QK_NORM)
+    col = (HEADS + kv_head) * D + tl.zeros([1, 1], tl.int32)
+    k = _rotated_heads(Parts, rows, n_total, row, col, inv_rms, KNorm, cos, sin, eps, SPLITS, QK_NORM, D)
     d = tl.arange(0, D)[None, :]
+    v = _summed(Parts, rows, n_total, row, col + KV_HEADS * D, d, SPLITS) * inv_rms
     if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
         tl.store(Keys + row * k_row + kv_head * k_head + pos * k_slot + d, k.to(Keys.dtype.element_ty))
         tl.store(Values + row * v_row + kv_head * v_head + pos * v_slot + d, v.to(Values.dtype.element_ty))
@@ -780,7 +770,7 @@ class Product:
     warps: int = 4
     prefetch_bytes: int = 0  # bytes each program asks L2 for before its PDL wait (0: no prefetch)
     choice: PlanChoice | None = None  # what planned it
-    kind: str = ""  # which of a step's products (PRODUCT_KINDS) it is, where a step planned it
+    kind: str = ""  # which of a step's products (PRODUCT_KINDS) it is, where its plan was given one
 
     def __str__(self) -> str:
         shape = f"{self.bn}x{self.bk} " + ("row slices" if self.choice and self.choice.slices else "tiles")
@@ -1032,12 +1022,12 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     choice = choice or default_choice(n, k, options, rows, hidden, kind)
     if choice.slices:
         bn, bk, splits = slice_layout(n, k, options.split_k and splittable, choice.warps)
-        return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice)
+        return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice, kind)
     bk = tile_sizes(n, k)[1]
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
     return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                    not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), choice), choice)
+                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), choice), choice, kind)
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1,
@@ -1050,9 +1040,10 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     if choice.slices:  # row-major rows, on CUDA cores
-        return Product(paired, n, k, bn, bk, 1, False, False, choice.warps, 0, choice)
+        return Product(paired, n, k, bn, bk, 1, False, False, choice.warps, 0, choice, "gate_up")
     return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice), choice)
+                   choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice), choice,
+                   "gate_up")
 
 
 # Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two
@@ -1128,12 +1119,9 @@ class FusedDecoder:
         rules."""
         choice, sizes = self.choices.get(kind), (self.rows, self.hidden)
         if kind == "gate_up":
-            product = plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
-                                  choice=choice)
-        else:
-            product = plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice,
-                           kind=kind)
-        return replace(product, kind=kind)
+            return plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
+                               choice=choice)
+        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice, kind=kind)
 
     def products(self) -> dict[str, Product]:
         """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""
