@@ -54,6 +54,15 @@ def decode_like_eager(eager, run, decoder, steps: int, after_each=lambda: None) 
             run.input_ids.copy_(token)
 
 
+def assert_same_cache(run, other, slots: int, length: int | None = None) -> None:
+    """Every layer's K and V over the first `slots` slots as `other`'s (and both caches `length` long, where given)."""
+    for ours, theirs in zip(run.cache.layers, other.cache.layers):
+        if length is not None:
+            assert int(ours.cumulative_length) == int(theirs.cumulative_length) == length
+        assert torch.allclose(ours.keys[:, :, :slots], theirs.keys[:, :, :slots], atol=1e-5)
+        assert torch.allclose(ours.values[:, :, :slots], theirs.values[:, :, :slots], atol=1e-5)
+
+
 def _assert(condition) -> None:
     assert condition
 
@@ -68,10 +77,7 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
     assert decoder.layers[0].down.splits > 1 if options.split_k else decoder.layers[0].down.splits == 1
     start = eager.context_len
     decode_like_eager(eager, run, decoder, 4)
-    for ours, theirs in zip(run.cache.layers, eager.cache.layers):  # the new tokens' K/V, appended where eager's are
-        assert int(ours.cumulative_length) == int(theirs.cumulative_length) == start + 4
-        assert torch.allclose(ours.keys[:, :, : start + 4], theirs.keys[:, :, : start + 4], atol=1e-5)
-        assert torch.allclose(ours.values[:, :, : start + 4], theirs.values[:, :, : start + 4], atol=1e-5)
+    assert_same_cache(run, eager, start + 4, length=start + 4)  # the new tokens' K/V, appended where eager's are
 
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
@@ -87,10 +93,7 @@ def test_the_attention_folded_into_o_computes_eager_logits_and_cache(family, con
     assert decoder.attention_in_o and decoder.kernels_per_step() == 4 * len(decoder.layers) + 1
     assert decoder.hidden // fused_decode.attention_o_block(decoder.hidden, decoder.kv_heads) == 2
     decode_like_eager(eager, run, decoder, 3)
-    for ours, theirs in zip(run.cache.layers, eager.cache.layers):
-        assert int(ours.cumulative_length) == int(theirs.cumulative_length) == context + 3
-        assert torch.allclose(ours.keys[:, :, : context + 3], theirs.keys[:, :, : context + 3], atol=1e-5)
-        assert torch.allclose(ours.values[:, :, : context + 3], theirs.values[:, :, : context + 3], atol=1e-5)
+    assert_same_cache(run, eager, context + 3, length=context + 3)
 
 
 def test_the_attention_folds_into_o_only_where_asked_and_one_chunk_a_kv_head(monkeypatch):
@@ -165,9 +168,7 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
     chunk = math.ceil(math.ceil(valid / splits) / ATTN_BLOCK_N) * ATTN_BLOCK_N
     assert splits > 1 and math.ceil(valid / chunk) == 3  # three chunks hold slots at this position
     decode_like_eager(eager, run, decoder, 3, lambda: _assert(decoder.chunks_done.eq(0).all()))
-    for ours, theirs in zip(run.cache.layers, eager.cache.layers):
-        assert torch.allclose(ours.keys[:, :, :133], theirs.keys[:, :, :133], atol=1e-5)
-        assert torch.allclose(ours.values[:, :, :133], theirs.values[:, :, :133], atol=1e-5)
+    assert_same_cache(run, eager, 133)
 
 
 @pytest.mark.parametrize("switches", [dict(NEW_KV_IN_REGISTERS=True), dict(NEW_KV_IN_REGISTERS=False),
@@ -190,9 +191,7 @@ def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cach
     chunk = math.ceil(math.ceil((context + 1) / splits) / ATTN_BLOCK_N) * ATTN_BLOCK_N
     assert chunk == ATTN_BLOCK_N and (context % chunk == 0) == (context == 128)  # slot 128 starts a chunk
     decode_like_eager(eager, run, decoder, 2)
-    for ours, theirs in zip(run.cache.layers, eager.cache.layers):
-        assert torch.allclose(ours.keys[:, :, :context + 2], theirs.keys[:, :, :context + 2], atol=1e-5)
-        assert torch.allclose(ours.values[:, :, :context + 2], theirs.values[:, :, :context + 2], atol=1e-5)
+    assert_same_cache(run, eager, context + 2)
 
 
 @pytest.mark.parametrize("past_kv_before_wait", [False, True], ids=["as-committed", "past-kv-before-wait"])
@@ -223,8 +222,7 @@ def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slo
             assert torch.allclose(got, want, atol=1e-5, rtol=0), f"step {step}: {(got - want).abs().max()}"
             assert decoder.chunks_done.eq(0).all()
             run.input_ids.copy_(want.argmax(-1, keepdim=True))
-    for ours, theirs in zip(run.cache.layers, wide_run.cache.layers):
-        assert torch.allclose(ours.keys[:, :, :133], theirs.keys[:, :, :133], atol=1e-5)
+    assert_same_cache(run, wide_run, 133)  # keys and values
 
 
 def test_one_attention_chunk_a_kv_head_up_to_256_slots_of_prefix():
