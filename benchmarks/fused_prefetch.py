@@ -17,7 +17,6 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
     python benchmarks/fused_prefetch.py --set into_o model=...      # the attention folded into the O product
     python benchmarks/fused_prefetch.py --set slices model=...      # a slice's values a thread; gate/up as tiles
-    python benchmarks/fused_prefetch.py --set merge_in_o model=... bs=1   # the attention's chunks merged by O
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -181,19 +180,12 @@ GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
 WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", [], {}),
                  ("four warps from 32 rows in every model", [], dict(FEWER_WARPS_FROM_HIDDEN=0)),
                  ("eight warps at every batch", [], dict(FEWER_WARPS_FROM_ROWS=1 << 30))]
-# `--set merge_in_o`: at one row, the attention's chunks merged by the O product as it reads them, or by the
-# attention's last chunk (as before); each with the attention's chunks aimed at 264 programs (the default) or 128
-# (fewer chunks for O to merge again in each block of its columns)
-MERGE_IN_O_VARIANTS = [("the attention's last chunk merges (before)", [], dict(MERGE_IN_O_MAX_ROWS=0)),
-                       ("O merges the chunks as it reads them", [], dict(MERGE_IN_O_MAX_ROWS=1)),
-                       ("the attention merges, 128 programs", [], dict(MERGE_IN_O_MAX_ROWS=0, ATTENTION_PROGRAMS=128)),
-                       ("O merges, 128 programs", [], dict(MERGE_IN_O_MAX_ROWS=1, ATTENTION_PROGRAMS=128))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
-        "slices": SLICES_VARIANTS, "merge_in_o": MERGE_IN_O_VARIANTS}
+        "slices": SLICES_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -201,7 +193,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
     "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "ATTENTION_IN_O_MAX_ROWS", "ATTENTION_O_REGISTERS",
-    "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "MERGE_IN_O_MAX_ROWS")}
+    "SLICE_VALUES_A_THREAD", "SLICED_KINDS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -171,45 +171,6 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
     assert_same_cache(run, eager, 133)
 
 
-@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("context, live_chunks", [(254, (4, 4, 3)), (8, (1, 1, 1))],
-                         ids=["fewer-chunks-than-the-step-before", "one-chunk-of-four"])
-def test_the_o_product_merges_the_attention_chunks_as_it_reads_them(family, context, live_chunks, monkeypatch):
-    """At one row with the prefix cut into four chunks a KV head, each chunk stores its partials and nothing counts
-    or merges them in the attention: the O product merges them as it loads its input (two heads a K tile of the tiny
-    model). The logits and cache are eager's, where only the first chunk holds slots, and where a step's prefix is
-    cut into fewer, longer chunks than the step before's (slot 256: three of 128 slots, where chunk 3 still holds
-    the step before's partials, which a merge that took every chunk would count)."""
-    monkeypatch.setattr(fused_decode, "ONE_CHUNK_MAX_SLOTS", 0)  # chunks for so short a prefix, four a KV head
-    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=320")
-    prompt = prompt[:1]
-    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
-    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False), longest_prefix=256)
-    assert decoder.merge_in_o and decoder.attn_acc.shape[2] == 4 and decoder.layers[0].o.bk == 2 * decoder.head_dim
-    for step, live in enumerate(live_chunks):  # chunk_of's count of chunks that hold slots, at each step's position
-        valid = context + step + 1
-        assert math.ceil(valid / (math.ceil(math.ceil(valid / 4) / ATTN_BLOCK_N) * ATTN_BLOCK_N)) == live
-    decode_like_eager(eager, run, decoder, len(live_chunks))
-    assert_same_cache(run, eager, context + len(live_chunks), length=context + len(live_chunks))
-    assert decoder.chunks_done.eq(0).all() and decoder.attn_out.eq(0).all()  # no count taken, no output stored
-
-
-def test_o_merges_the_chunks_only_at_one_row_with_the_attention_folded_and_cut(monkeypatch):
-    merges = fused_decode.merges_in_o
-    assert merges(FusedOptions(), 1, 32) and not merges(FusedOptions(), 2, 32)  # MERGE_IN_O_MAX_ROWS: 1
-    assert not merges(FusedOptions(), 1, 1)  # one chunk a KV head: the attention stores its output
-    assert not merges(FusedOptions(fold_attention=False), 1, 32)  # the three launches merge in a kernel of their own
-    monkeypatch.setattr(fused_decode, "MERGE_IN_O_MAX_ROWS", 0)
-    assert not merges(FusedOptions(), 1, 32)
-    _, run, decoder = fused_and_eager()  # two rows: the attention merges, O reads its output
-    assert not decoder.merge_in_o
-    position = run.cache.layers[0].cumulative_length
-    product, merged = decoder.layers[0].o, fused_decode.MergedInput(decoder.attn_max, decoder.attn_sum, position)
-    with pytest.raises(ValueError, match="the merged input is one row's"):
-        fused_decode.launch_product(product, decoder.attn_acc, decoder.residual, 2, input=fused_decode.MERGED,
-                                    output=fused_decode.ADD, merged=merged)
-
-
 @pytest.mark.parametrize("switches", [dict(NEW_KV_IN_REGISTERS=True), dict(NEW_KV_IN_REGISTERS=False),
                                       dict(POSITION_BEFORE_WAIT=True), dict(PAST_KV_BEFORE_WAIT=True)],
                          ids=["new-kv-in-registers", "new-kv-read-back", "position-before-wait", "past-kv-before-wait"])
@@ -550,12 +511,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from harness.kernels.fused_decode import _attention, _attention_o, _matvec, _rope_append
 
-ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64",
-            Maxes="*fp32", Sums="*fp32", Pos="*i64")
+ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
                      "prefetch_ahead"], "i32")
 names = ["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL", "PREFETCH", "STAGES",
-         "ONE_TILE", "LAUNCH", "CHUNKS", "HEAD_D", "CHUNK_N"]
+         "ONE_TILE", "LAUNCH"]
 products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 out), down (atomic adds), lm_head (bump)
     dict(INPUT=1, NORM=True, OUTPUT=0, SPLITS=8, BUMP=False, PACKED=True),
     dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
@@ -576,15 +536,11 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=4, BUMP=False, PACKED=False, ROWS=1, BN=4, BK=2048, DOT=False,
          ONE_TILE=True, LAUNCH=2),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32", LAUNCH=2),
-    # O merging the attention's chunks as it reads them (input=MERGED): Qwen3-0.6B's 128-wide heads at context 1024
-    # (32 chunks), Llama-3.2-1B's 64-wide ones, two a K tile
-    dict(INPUT=2, NORM=False, OUTPUT=3, SPLITS=16, BUMP=True, PACKED=True, X="*fp32", CHUNKS=32, HEAD_D=128),
-    dict(INPUT=2, NORM=False, OUTPUT=3, SPLITS=8, BUMP=True, PACKED=True, X="*fp32", CHUNKS=8, HEAD_D=64),
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
     consts = {**dict(ROWS=16, BN=64, BK=128, DOT=True, PDL=True, PREFETCH=False, STAGES=0, ONE_TILE=False,
-                     LAUNCH=1, CHUNKS=1, HEAD_D=1, CHUNK_N=64),
+                     LAUNCH=1),
               **{k: v for k, v in product.items() if not isinstance(v, str)}}
     # as Triton's JIT specialises them on the GPU: pointers and the sizes that are multiples of 16 marked so
     aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name in (
@@ -602,9 +558,7 @@ for product in products:
           and (launch < ptx.find("ld.global", wait)) == (consts["LAUNCH"] == 0)
           and any(op in ptx[launch:] for op in ("st.global", "atom.global", "red.global")) == (consts["LAUNCH"] < 2)
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
-          and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch])  # the pipeliner's copies
-          # a merged input: the chunks' maxes weighed (exp) after the wait, before the products
-          and (consts["INPUT"] != 2 or wait < ptx.find("ex2.approx", wait) < ptx.find("mma", wait)))
+          and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
            Keys="*bf16", Values="*bf16", Acc="*fp32", M="*fp32", L="*fp32", Count="*i32", Out="*bf16",
            **dict.fromkeys(["rows", "n_total", "hidden", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot",
@@ -613,12 +567,12 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
                             "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
                             "TOGETHER", "AHEAD", "NEW_KV_IN_REGISTERS", "POSITION_BEFORE_WAIT",
-                            "PAST_KV_BEFORE_WAIT", "LAUNCH_AT_START", "MERGE_IN_O"], "constexpr"))
+                            "PAST_KV_BEFORE_WAIT", "LAUNCH_AT_START"], "constexpr"))
 off = dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=False, POSITION_BEFORE_WAIT=False,
-           PAST_KV_BEFORE_WAIT=False, LAUNCH_AT_START=True, MERGE_IN_O=False)
+           PAST_KV_BEFORE_WAIT=False, LAUNCH_AT_START=True)
 for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=True, TOGETHER=True),
                 dict(off, AHEAD=True, NEW_KV_IN_REGISTERS=True), dict(off, POSITION_BEFORE_WAIT=True),
-                dict(off, PAST_KV_BEFORE_WAIT=True, LAUNCH_AT_START=False), dict(off, MERGE_IN_O=True)):
+                dict(off, PAST_KV_BEFORE_WAIT=True, LAUNCH_AT_START=False)):
     consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
     ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
@@ -634,10 +588,6 @@ for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=
     # the GPU's scope; the merge reads the other programs' partials from L2, past this SM's L1
     count, prefetch = ptx.find("atom.global.gpu.acq_rel.add"), ptx.find("cp.async.bulk.prefetch.L2")
     ahead = ptx.find("cp.async.bulk.prefetch.L2", ptx.rfind("mma"))  # the MLP's weights, once the chunk's K/V are read
-    if variant["MERGE_IN_O"]:  # each chunk's partials stored after its products, and no count, no merge: O merges
-        print("attention", "atom.global" not in ptx and ptx.count("ld.global.cg") == ptx.count("ld.global.cg.b64")
-              and ptx.rfind("mma") < ptx.rfind("st.global"))  # (the position's the one read from L2)
-        continue
     print("attention", "griddepcontrol.wait" in ptx and count > -1 and "ld.global.cg" in ptx[count:]
           and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count) and "mma" in ptx
           # K/V, one request each, before the first product; the MLP's weights in two parts, where a chunk is read
@@ -678,5 +628,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 6
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"])

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 import triton
@@ -47,9 +46,8 @@ from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _spl
                                            softmax_over, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
-# `_matvec`'s input: a buffer (any dtype), the embedding rows of the input ids (written as the residual's value), or the
-# folded attention's partial softmaxes of each chunk, merged as they are read (O's input, MERGE_IN_O_MAX_ROWS)
-PLAIN, EMBEDDING, MERGED = 0, 1, 2
+# `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
+PLAIN, EMBEDDING = 0, 1
 # its output: fp32 partial sums [splits, rows, n], SiLU(gate)·up of packed pairs, logits (norm applied), or a sum
 # added to the fp32 residual stream in place (atomically where K is split)
 PARTIALS, SWIGLU, LOGITS, ADD = 0, 1, 2, 3
@@ -202,12 +200,6 @@ ATTENTION_LAUNCH_AT_START = True
 # now in every program of O and after its wait, costs more than the launch it saves
 ATTENTION_IN_O_MAX_ROWS = 0
 ATTENTION_O_REGISTERS = 128
-# Where a step decodes at most this many rows (1: the kernel merges row 0's; 0: off) and the folded attention cuts a KV
-# head's prefix into several chunks, each chunk stores its partial softmax and the O product merges them as it loads
-# its input (input=MERGED, _merged_columns), where the last chunk of each KV head merged them (a barrier, an atomic count
-# at the GPU's scope, a load of every chunk from L2 and a store, in the chain of every layer): O reads the partials
-# instead of the output, each block of its columns merging its split's heads again
-MERGE_IN_O_MAX_ROWS = 1
 
 
 @dataclass(frozen=True)
@@ -305,9 +297,8 @@ def _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN: tl.constexp
 
 
 @triton.jit
-def _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k0, k_end, k_total, pid_n, INPUT: tl.constexpr,
-                NORM: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, HEAD_D: tl.constexpr,
-                CHUNK_N: tl.constexpr):
+def _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT: tl.constexpr,
+                NORM: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
     """The product's input rows [ROWS, BK] at columns k0.. (none at or past k_end, the split's end: a slice's BK may
     pass it), in fp32, and their squares' sum (before the gain)."""
     r, k = tl.arange(0, ROWS), k0 + tl.arange(0, BK)
@@ -317,9 +308,6 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k0, k_end, 
         x = tl.load(X + ids[:, None] * k_total + k[None, :], mask=inside, other=0.0).to(tl.float32)
         if pid_n == 0:
             tl.store(ResOut + r[:, None] * k_total + k[None, :], x, mask=inside)
-    elif INPUT == 2:  # MERGED: row 0's attention output from its chunks' partials (X: their outputs, unnormalised)
-        merged = _merged_columns(X, Maxes, Sums, Pos, k, k_end, CHUNKS, HEAD_D, CHUNK_N)
-        x = tl.where((r == 0)[:, None], merged[None, :], 0.0)
     else:
         x = tl.load(X + r[:, None] * x_row + k[None, :], mask=inside, other=0.0).to(tl.float32)
     squares = tl.sum(x * x, 1)
@@ -329,33 +317,12 @@ def _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k0, k_end, 
 
 
 @triton.jit
-def _merged_columns(Acc, Maxes, Sums, Pos, k, k_end, CHUNKS: tl.constexpr, HEAD_D: tl.constexpr,
-                    CHUNK_N: tl.constexpr):
-    """Row 0's attention output at columns k [BK] (0 at or past k_end): each column's head merged from the chunks
-    that hold slots of the valid prefix [0, pos] (cut as the attention cut it, chunk_of), their partial softmaxes
-    (Acc [heads, CHUNKS, HEAD_D] unnormalised, Maxes and Sums [heads, CHUNKS]) weighed by exp(max - the largest),
-    all chunks in one load: what the attention's last chunk would have merged and stored, in fp32."""
-    _, _, chunks = chunk_of(tl.load(Pos).to(tl.int32) + 1, 0, CHUNKS, CHUNK_N)
-    c = tl.arange(0, CHUNKS)
-    at = (k // HEAD_D)[None, :] * CHUNKS + c[:, None]  # [CHUNKS, BK]: each column's head's chunks
-    live = (c < chunks)[:, None] & (k < k_end)[None, :]
-    m = tl.load(Maxes + at, mask=live, other=float("-inf"))
-    weight = tl.where(live, tl.exp(m - tl.max(m, 0)[None, :]), 0.0)
-    total = tl.sum(weight * tl.load(Sums + at, mask=live, other=0.0), 0)
-    out = tl.sum(weight * tl.load(Acc + at * HEAD_D + (k % HEAD_D)[None, :], mask=live, other=0.0), 0)
-    return tl.where(k < k_end, out / tl.where(k < k_end, total, 1.0), 0.0)
-
-
-@triton.jit
-def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Maxes, Sums, Pos, rows, k_total, n_total, out_cols,
-            k_per_split, k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr,
-            OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
-            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False, LAUNCH: tl.constexpr = 1,
-            CHUNKS: tl.constexpr = 1, HEAD_D: tl.constexpr = 1, CHUNK_N: tl.constexpr = 64):
-    """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1). INPUT=MERGED:
-    the input is the attention's CHUNKS chunks a head of HEAD_D columns (CHUNK_N-slot blocks), merged as they are read
-    (Maxes, Sums and the cache position Pos name them; _merged_columns)."""
+def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
+            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, OUTPUT: tl.constexpr,
+            SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
+            STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False, LAUNCH: tl.constexpr = 1):
+    """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
@@ -363,9 +330,9 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Maxes, Sums, 
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
     _pdl_wait_launch(PDL, True, LAUNCH == 0)  # where the next kernel may launch (0, 1, 2): launch_point
-    acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, W, rows, k_start, k_end, k_total,
-                                n_total, k_tiles, pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT,
-                                PREFETCH, STAGES, ONE_TILE, CHUNKS, HEAD_D, CHUNK_N)
+    acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
+                                pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
+                                ONE_TILE)
     if DOT:
         acc = tl.trans(acc)
     _pdl_wait_launch(PDL, False, LAUNCH == 1)
@@ -378,11 +345,10 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, Maxes, Sums, 
 
 
 @triton.jit
-def _weight_loop(w, X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, W, rows, k_start, k_end, k_total, n_total, k_tiles,
-                 pid_n, prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+def _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles, pid_n,
+                 prefetch_ahead, INPUT: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr,
-                 STAGES: tl.constexpr, ONE_TILE: tl.constexpr, CHUNKS: tl.constexpr, HEAD_D: tl.constexpr,
-                 CHUNK_N: tl.constexpr):
+                 STAGES: tl.constexpr, ONE_TILE: tl.constexpr = False):
     """The product over the split's K, from its first tile `w`, loaded before the PDL wait: the sums [BN, ROWS]
     (tensor cores: the weight tile is the MMA's left operand, its columns fill the MMA's M, which a handful of batch
     rows could not) or [ROWS, BN], and the input's squares [ROWS]. ONE_TILE: the split is that one tile (no loop,
@@ -390,25 +356,25 @@ def _weight_loop(w, X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, W, rows, k_st
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
     if ONE_TILE:
-        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k_start, k_end, k_total, pid_n,
-                                 INPUT, NORM, ROWS, BK, CHUNKS, HEAD_D, CHUNK_N)
+        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_end, k_total, pid_n, INPUT, NORM,
+                                 ROWS, BK)
         acc = _multiply_add(acc, w, x, DOT)
     elif STAGES > 0:  # the first tile from registers, then Triton's pipeliner: STAGES tiles in flight through smem
-        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k_start, k_end, k_total, pid_n,
-                                 INPUT, NORM, ROWS, BK, CHUNKS, HEAD_D, CHUNK_N)
+        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_end, k_total, pid_n, INPUT, NORM,
+                                 ROWS, BK)
         acc = _multiply_add(acc, w, x, DOT)
         for k0 in tl.range(k_start + BK, k_end, BK, num_stages=STAGES):
             w = _weight_tile(W, pid_n, k0, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
-            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k0, k_end, k_total, pid_n, INPUT,
-                                NORM, ROWS, BK, CHUNKS, HEAD_D, CHUNK_N)
+            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT, NORM, ROWS,
+                                BK)
             acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
     else:  # the next tile is loaded before this one is used
         for k0 in range(k_start, k_end, BK):
             if PREFETCH:
                 _prefetch_tile_ahead(W, pid_n, k0 + prefetch_ahead, k_end, k_tiles, prefetch_ahead > 0, BN, BK)
             w_next = _weight_tile(W, pid_n, k0 + BK, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)
-            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, Maxes, Sums, Pos, rows, k0, k_end, k_total, pid_n, INPUT,
-                                NORM, ROWS, BK, CHUNKS, HEAD_D, CHUNK_N)
+            x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT, NORM, ROWS,
+                                BK)
             acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
             w = w_next
     return acc, squares
@@ -557,11 +523,10 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr, MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr =
                False, TOGETHER: tl.constexpr = False, AHEAD: tl.constexpr = False, NEW_KV_IN_REGISTERS: tl.constexpr =
                False, POSITION_BEFORE_WAIT: tl.constexpr = False, PAST_KV_BEFORE_WAIT: tl.constexpr = False,
-               LAUNCH_AT_START: tl.constexpr = True, MERGE_IN_O: tl.constexpr = False):
+               LAUNCH_AT_START: tl.constexpr = True):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk (_chunk), and the
     merge of the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge).
-    MERGE_IN_O: each chunk stores its partials and nothing merges them here: the O product does, as it reads them.
     AHEAD: each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead)
     once its chunk's K/V are read (at once, past the valid prefix's chunks). POSITION_BEFORE_WAIT,
     PAST_KV_BEFORE_WAIT: what it reads before its PDL wait (the module's constants say why that is safe)."""
@@ -585,7 +550,7 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
         if AHEAD:  # asked at the wait instead, the requests held up the chunks' own reads (docs/benchmarks.md)
             _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
-                D, SPLITS, MERGE_BLOCK, TOGETHER, MERGE_IN_O)
+                D, SPLITS, MERGE_BLOCK, TOGETHER)
     elif AHEAD:
         _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
 
@@ -683,19 +648,13 @@ def _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, cos, sin,
 @triton.jit
 def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS: tl.constexpr,
             KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-            MERGE_BLOCK: tl.constexpr, TOGETHER: tl.constexpr = False, MERGE_IN_O: tl.constexpr = False):
+            MERGE_BLOCK: tl.constexpr, TOGETHER: tl.constexpr = False):
     """A chunk's partial softmax to the output: normalised where it is the only chunk; else stored, counted, and
-    the last chunk of the KV head to be counted merges them all (then zeroes the count for the next layer).
-    MERGE_IN_O: stored, however many chunks there are, for the O product to merge."""
+    the last chunk of the KV head to be counted merges them all (then zeroes the count for the next layer)."""
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
     heads, real = kv_head * (HEADS // KV_HEADS) + g, g < HEADS // KV_HEADS
     out_at = Out + row * o_row + heads[:, None] * D + d[None, :]
-    if MERGE_IN_O:
-        at = (row * HEADS + heads) * SPLITS + split
-        tl.store(Acc + at[:, None] * D + d[None, :], acc, mask=real[:, None])
-        tl.store(M + at, m_i, mask=real)
-        tl.store(L + at, l_i, mask=real)
-    elif chunks == 1:
+    if chunks == 1:
         tl.store(out_at, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=real[:, None])
     else:
         at = (row * HEADS + heads) * SPLITS + split
@@ -842,34 +801,21 @@ class Product:
 
 def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: int, *, residual=None, ids=None,
                    gain=None, squares=None, bump=None, eps: float = 1e-6, input: int = PLAIN, output: int = PARTIALS,
-                   merged: MergedInput | None = None, pdl: bool = False) -> None:
+                   pdl: bool = False) -> None:
     """One `_matvec` launch as `product` plans it: x [rows, k] (input=EMBEDDING: the rows of the table x that `ids`
-    name; input=MERGED: the attention's chunks' outputs [1, heads, chunks, head_dim], which `merged` describes) times
-    its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the cache position
-    `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands in). The step and
-    the benchmarks launch products through this one call."""
+    name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
+    cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
+    in). The step and the benchmarks launch products through this one call."""
     padded = triton.next_power_of_2(rows)
-    if (input == MERGED) != (merged is not None) or (merged is not None and rows != 1):
-        raise ValueError(f"input={input} with merged={merged} at {rows} rows: the merged input is one row's, and only it")
-    chunks = dict(CHUNKS=x.shape[2], HEAD_D=x.shape[3], CHUNK_N=ATTN_BLOCK_N) if merged else {}
     _matvec[product.grid](
         x, x.stride(0), out if residual is None else residual, out if ids is None else ids,
         out if gain is None else gain, product.weight, out, out if squares is None else squares,
-        out if bump is None else bump, *(merged or (out, out, out)), rows, product.k, product.n, out.shape[-1],
+        out if bump is None else bump, rows, product.k, product.n, out.shape[-1],
         triton.cdiv(product.k, product.splits), product.k_tiles, eps, product.prefetch_bytes, product.prefetch_ahead,
         INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
         ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
         DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-        LAUNCH=launch_point(product), num_warps=product.warps, **chunks, **pdl_launch(pdl))
-
-
-class MergedInput(NamedTuple):
-    """What the O product merges its input from (input=MERGED): the attention's chunks' maxes and sums [1, heads,
-    chunks] (their outputs are the product's x) and the cache position, which says how many chunks hold slots."""
-
-    maxes: torch.Tensor
-    sums: torch.Tensor
-    position: torch.Tensor
+        LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
 
 
 def launch_point(product: Product) -> int:
@@ -911,12 +857,6 @@ def folds_attention_into_o(options: FusedOptions, rows: int, heads: int, kv_head
     group = heads // kv_heads
     return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_O_MAX_ROWS
             and group == triton.next_power_of_2(group))
-
-
-def merges_in_o(options: FusedOptions, rows: int, chunks: int) -> bool:
-    """Whether the O product merges the folded attention's chunks as it reads its input (MERGE_IN_O_MAX_ROWS): the
-    attention folded and cut into more than one chunk a KV head, at MERGE_IN_O_MAX_ROWS rows at most."""
-    return options.fold_attention and chunks > 1 and rows <= MERGE_IN_O_MAX_ROWS
 
 
 def attention_o_warps() -> dict:
@@ -1161,7 +1101,6 @@ class FusedDecoder:
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
         self.attention_in_o = folds_attention_into_o(options, rows, self.heads, self.kv_heads, self.attn_acc.shape[2])
-        self.merge_in_o = merges_in_o(options, rows, self.attn_acc.shape[2])
         if self.attention_in_o:
             block = attention_o_block(self.hidden, self.kv_heads)
             with torch.no_grad():
@@ -1248,11 +1187,7 @@ class FusedDecoder:
         else:
             self._rope_append(layer, kv, position)
             self._attend(kv, position)
-        if self.merge_in_o:  # O reads the chunks' partials and merges them itself
-            self._product(layer.o, self.residual, self.attn_acc, input=MERGED, output=ADD, bump=bump,
-                          merged=MergedInput(self.attn_max, self.attn_sum, position))
-        else:
-            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
+        self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
 
     def _attention_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         """The attention folded into the O product (ATTENTION_IN_O_MAX_ROWS): one launch for both."""
@@ -1268,11 +1203,10 @@ class FusedDecoder:
             BUMP=bump is not None, PREFETCH=not interpreted(), **self._launch(), **attention_o_warps())
 
     def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
-                 output=PARTIALS, bump=None, merged: MergedInput | None = None) -> None:
+                 output=PARTIALS, bump=None) -> None:
         """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight."""
         launch_product(product, x, out, self.rows, residual=self.residual, ids=self.input_ids, gain=gain,
-                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, merged=merged,
-                       pdl=self.options.pdl)
+                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, pdl=self.options.pdl)
 
     def _launch(self) -> dict:
         return pdl_launch(self.options.pdl)
@@ -1304,7 +1238,7 @@ class FusedDecoder:
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
             TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS,
             POSITION_BEFORE_WAIT=POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT=PAST_KV_BEFORE_WAIT,
-            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, MERGE_IN_O=self.merge_in_o, **self._launch())
+            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
