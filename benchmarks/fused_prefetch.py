@@ -17,6 +17,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
     python benchmarks/fused_prefetch.py --set into_o model=...      # the attention folded into the O product
     python benchmarks/fused_prefetch.py --set slices model=...      # a slice's values a thread; gate/up as tiles
+    python benchmarks/fused_prefetch.py --set queries model=...     # the chunk's first K/V before the queries
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -180,12 +181,18 @@ GATE_UP_VARIANTS = [("64-column blocks (the default)", [], {})] + [
 WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", [], {}),
                  ("four warps from 32 rows in every model", [], dict(FEWER_WARPS_FROM_HIDDEN=0)),
                  ("eight warps at every batch", [], dict(FEWER_WARPS_FROM_ROWS=1 << 30))]
+# `--set queries`: the chunk's first K/V block read right after the attention's PDL wait, before the group's queries
+# (the new token's K/V then from registers), against the kernels as committed and against the new token's K/V from
+# registers alone (what the first variant also changes)
+QUERIES_VARIANTS = [("as committed", [], {}),
+                    ("first K/V block before the queries", [], dict(PAST_KV_BEFORE_QUERIES=True)),
+                    ("the new token's K/V from registers alone", [], dict(NEW_KV_IN_REGISTERS=True))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
-        "slices": SLICES_VARIANTS}
+        "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -193,7 +200,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
     "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "ATTENTION_IN_O_MAX_ROWS", "ATTENTION_O_REGISTERS",
-    "SLICE_VALUES_A_THREAD", "SLICED_KINDS")}
+    "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -172,12 +172,15 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
 
 
 @pytest.mark.parametrize("switches", [dict(NEW_KV_IN_REGISTERS=True), dict(NEW_KV_IN_REGISTERS=False),
-                                      dict(POSITION_BEFORE_WAIT=True), dict(PAST_KV_BEFORE_WAIT=True)],
-                         ids=["new-kv-in-registers", "new-kv-read-back", "position-before-wait", "past-kv-before-wait"])
+                                      dict(POSITION_BEFORE_WAIT=True), dict(PAST_KV_BEFORE_WAIT=True),
+                                      dict(PAST_KV_BEFORE_QUERIES=True)],
+                         ids=["new-kv-in-registers", "new-kv-read-back", "position-before-wait", "past-kv-before-wait",
+                              "past-kv-before-queries"])
 @pytest.mark.parametrize("context", [128, 129], ids=["new-token-alone-in-its-chunk", "beside-the-context"])
 def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cache(switches, context, monkeypatch):
     """The chunk that holds the new token's slot, started from the new K/V as computed (reading only the context's
-    slots from the cache; with the chunk's first block of them read ahead, before the PDL wait), or reading them back
+    slots from the cache; with the chunk's first block of them read ahead, before the PDL wait or after it, before the
+    queries), or reading them back
     after its own append. Where the new token opens a chunk of its own (slot 128: no slot of the context in it) and
     beside the context's slots, the logits and cache are eager's, at that step and the next (whose chunk then reads
     the appended slot from the cache)."""
@@ -567,12 +570,12 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
            **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "SPLITS", "BLOCK_N", "QK_NORM",
                             "ROPE_SHIFT", "APPEND", "IEEE", "MERGE_BLOCK", "PDL", "MASK_PAD", "KV_PREFETCH",
                             "TOGETHER", "AHEAD", "NEW_KV_IN_REGISTERS", "POSITION_BEFORE_WAIT",
-                            "PAST_KV_BEFORE_WAIT", "LAUNCH_AT_START"], "constexpr"))
+                            "PAST_KV_BEFORE_WAIT", "LAUNCH_AT_START", "PAST_KV_BEFORE_QUERIES"], "constexpr"))
 off = dict(KV_PREFETCH=False, TOGETHER=False, AHEAD=False, NEW_KV_IN_REGISTERS=False, POSITION_BEFORE_WAIT=False,
-           PAST_KV_BEFORE_WAIT=False, LAUNCH_AT_START=True)
+           PAST_KV_BEFORE_WAIT=False, LAUNCH_AT_START=True, PAST_KV_BEFORE_QUERIES=False)
 for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=True, TOGETHER=True),
                 dict(off, AHEAD=True, NEW_KV_IN_REGISTERS=True), dict(off, POSITION_BEFORE_WAIT=True),
-                dict(off, PAST_KV_BEFORE_WAIT=True, LAUNCH_AT_START=False)):
+                dict(off, PAST_KV_BEFORE_WAIT=True, LAUNCH_AT_START=False), dict(off, PAST_KV_BEFORE_QUERIES=True)):
     consts = dict(HEADS=16, KV_HEADS=8, GROUP_PAD=16, D=128, QKV_SPLITS=8, SPLITS=32, BLOCK_N=64, QK_NORM=True,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, MERGE_BLOCK=16, PDL=True, MASK_PAD=True, **variant)
     ptx = triton.compile(ASTSource(_attention, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
@@ -581,6 +584,9 @@ for variant in (dict(off, NEW_KV_IN_REGISTERS=True), off, dict(off, KV_PREFETCH=
     wait, early = ptx.find("griddepcontrol.wait"), variant["POSITION_BEFORE_WAIT"] or variant["PAST_KV_BEFORE_WAIT"]
     print("reads", (-1 < ptx.find("ld.global.cg.b64") < wait) == early and (ptx.count("ld.global", 0, wait) >= 3) == early
           and (ptx.count("ld.global.b16", 0, wait) >= 64) == variant["PAST_KV_BEFORE_WAIT"]
+          # the chunk's first K/V block read after the wait ahead of the queries' partial sums (136 4-byte loads here;
+          # RoPE's rows may come first: 2 such loads under Triton 3.9, 20 under 3.6), or after them
+          and (ptx.count("ld.global.b32", wait, ptx.find("ld.global.b16", wait)) < 64) == variant["PAST_KV_BEFORE_QUERIES"]
           # the O product let launch once, at the kernel's start or after its wait
           and ptx.count("griddepcontrol.launch_dependents") == 1
           and (ptx.find("griddepcontrol.launch_dependents") < wait) == variant["LAUNCH_AT_START"])
@@ -628,5 +634,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 6
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"])

@@ -123,6 +123,11 @@ NEW_KV_IN_REGISTERS = False
 # its own PDL wait and let the attention launch. The position is read from L2 (".cg"), past any line of it in L1.
 POSITION_BEFORE_WAIT = False
 PAST_KV_BEFORE_WAIT = False
+# The chunk's first block of the slots before the new token's read right after the PDL wait, before the group's queries
+# are computed from the QKV product's partial sums (the new token's K/V then from registers, as NEW_KV_IN_REGISTERS),
+# so that the chunk's first K/V loads from HBM are in flight during the queries' loads and arithmetic rather than after
+# them; after the wait, so that they do not take HBM from the QKV product as PAST_KV_BEFORE_WAIT's did
+PAST_KV_BEFORE_QUERIES = False
 # The last chunk's merge of the group's heads: each head's chunks in one load, every head's loads before any store (no
 # loop, no store between heads to keep them apart), where all the chunks fit one load; else one head after another.
 # Off: 2.3-5.9% slower on three models, paired on one H200, even where nothing merges (Llama-3.2-1B at context 32):
@@ -523,13 +528,14 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
                MERGE_BLOCK: tl.constexpr, PDL: tl.constexpr, MASK_PAD: tl.constexpr = True, KV_PREFETCH: tl.constexpr =
                False, TOGETHER: tl.constexpr = False, AHEAD: tl.constexpr = False, NEW_KV_IN_REGISTERS: tl.constexpr =
                False, POSITION_BEFORE_WAIT: tl.constexpr = False, PAST_KV_BEFORE_WAIT: tl.constexpr = False,
-               LAUNCH_AT_START: tl.constexpr = True):
+               LAUNCH_AT_START: tl.constexpr = True, PAST_KV_BEFORE_QUERIES: tl.constexpr = False):
     """One (row, KV head, chunk of the valid prefix [0, pos]): the group's queries from QKV's partials (1/rms, head
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk (_chunk), and the
     merge of the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge).
     AHEAD: each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead)
     once its chunk's K/V are read (at once, past the valid prefix's chunks). POSITION_BEFORE_WAIT,
-    PAST_KV_BEFORE_WAIT: what it reads before its PDL wait (the module's constants say why that is safe)."""
+    PAST_KV_BEFORE_WAIT: what it reads before its PDL wait (the module's constants say why that is safe);
+    PAST_KV_BEFORE_QUERIES: the chunk's first block read after it, before the queries."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     program = (row * KV_HEADS + kv_head) * SPLITS + split
     _pdl_wait_launch(PDL, False, LAUNCH_AT_START)  # (ATTENTION_LAUNCH_AT_START)
@@ -538,7 +544,8 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
     cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
     start, end, chunks = chunk_of(pos.to(tl.int32) + 1, split, SPLITS, BLOCK_N)
     first_k, first_v = _first_block(Keys, Values, row, kv_head, start, tl.minimum(end, pos.to(tl.int32)), k_row, k_head,
-                                    k_slot, v_row, v_head, v_slot, pos, D, BLOCK_N, PAST_KV_BEFORE_WAIT)
+                                    k_slot, v_row, v_head, v_slot, pos, D, BLOCK_N,
+                                    PAST_KV_BEFORE_WAIT or PAST_KV_BEFORE_QUERIES)
     _pdl_wait_launch(PDL, POSITION_BEFORE_WAIT or PAST_KV_BEFORE_WAIT, not LAUNCH_AT_START)
     if split < chunks:  # the programs past the valid prefix's chunks have nothing to read
         if KV_PREFETCH:
@@ -546,7 +553,8 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
         acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
                                scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, start, end,
                                split == chunks - 1, first_k, first_v, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
-                               BLOCK_N, QK_NORM, APPEND, IEEE, MASK_PAD, NEW_KV_IN_REGISTERS, PAST_KV_BEFORE_WAIT)
+                               BLOCK_N, QK_NORM, APPEND, IEEE, MASK_PAD, NEW_KV_IN_REGISTERS,
+                               PAST_KV_BEFORE_WAIT or PAST_KV_BEFORE_QUERIES)
         if AHEAD:  # asked at the wait instead, the requests held up the chunks' own reads (docs/benchmarks.md)
             _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
         _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, chunks, HEADS, KV_HEADS, GROUP_PAD,
@@ -1238,7 +1246,7 @@ class FusedDecoder:
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
             TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS,
             POSITION_BEFORE_WAIT=POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT=PAST_KV_BEFORE_WAIT,
-            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, **self._launch())
+            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, PAST_KV_BEFORE_QUERIES=PAST_KV_BEFORE_QUERIES, **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
