@@ -37,7 +37,7 @@ def test_row_slices_split_over_k_compute_eager_logits(monkeypatch, hidden):
     squares and sums only its own columns, where the splits are whole BK (64 = 2 x 32) or ragged (96 = 4 x 24 in
     BK of 32: the loads past a split's end masked), and gate/up (never split) takes whole rows in halves."""
     monkeypatch.setattr(fused_decode, "SLICE_COLUMNS", 32)
-    monkeypatch.setattr(fused_decode, "SLICE_VALUES_A_THREAD", 2)
+    monkeypatch.setattr(fused_decode, "SLICE_VALUES_A_THREAD_NARROW", 2)  # (a tiny model is narrow: slice_values)
     eager, run, decoder = fused_and_eager(f"model.hidden_size={hidden}")
     for kind in PRODUCT_KINDS:
         decoder = decoder.replanned(kind, PlanChoice(2, True, 4, slices=True))

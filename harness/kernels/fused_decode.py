@@ -178,6 +178,16 @@ SLICE_VALUES_A_THREAD = 64
 SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
+# ... but a gate/up of K this wide or wider (a model 2048 wide: Llama-3.2-1B, Qwen3-1.7B) runs as tiles: paired on two
+# H200s (GPU-59a32df2, GPU-26c4c138; docs/benchmarks.md, "gate/up as tiles"), Llama-3.2-1B's step at the study's
+# workload took 0.74% and 0.78% less than with its gate/up sliced on eight warps (launching the next kernel after its
+# stores), where Qwen3-0.6B's (1024 wide) took 6.3% and 6.0% more
+GATE_UP_TILES_FROM = 2048
+# In a model at most SLICE_NARROW_HIDDEN wide a thread holds SLICE_VALUES_A_THREAD_NARROW of a slice's values: paired on
+# the same two H200s, Qwen3-0.6B's step at context 1024 took 0.9% and 1.1% less with 128 than with 64, where
+# Llama-3.2-1B's (2048 wide) took 6.2% and 5.5% more
+SLICE_NARROW_HIDDEN = 1024
+SLICE_VALUES_A_THREAD_NARROW = 128
 # Where each kind of product (PRODUCT_KINDS) lets the next kernel launch (PDL's launch_dependents): AFTER_LOOP, once
 # its weight loop has read every weight, before it stores; AT_WAIT, at its own PDL wait, where its programs have all
 # started and its predecessor is done, so that the next kernel's programs take free slots and issue their weight
@@ -186,7 +196,8 @@ SLICE_MORE_WARPS_FROM = 2048
 # kernels launch, each waiting beside the one it waits for (43% slower, docs/benchmarks.md, "early launch"). What is
 # computed is the same at each: the next kernel's PDL wait holds it until this one has finished.
 # The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
-# 2048 wide at bs=1) after its stores, every other product after its loop. Paired on one H200 each
+# 2048 wide at bs=1, where fused.tune or a plan's choice slices it: the rules run it as tiles, GATE_UP_TILES_FROM) after
+# its stores, every other product after its loop. Paired on one H200 each
 # (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
 # step at the study's workload (twice, two GPUs), 0.9% at context 1024, 0.4-0.6% off Qwen3-1.7B's, and moved
 # Qwen3-0.6B's (four warps) by +0.0 to +0.2% and Qwen3-8B's (tiles) by +0.0%; down or lm_head after their stores
@@ -962,15 +973,21 @@ def blocks_and_splits(n: int, k: int, bk: int, split_k: bool, per_sm: int | None
     return bn, splits
 
 
-def slice_layout(n: int, k: int, splittable: bool, warps: int) -> tuple[int, int, int]:
+def slice_layout(n: int, k: int, splittable: bool, warps: int, hidden: int = 0) -> tuple[int, int, int]:
     """(rows a program, BK, K splits) of fused.slices: K split in two until a split is SLICE_COLUMNS or fewer (where
     `splittable`), BK the split's length to the next power of two (the loads past it masked), and as many rows as
-    keep SLICE_VALUES_A_THREAD of the slice in each of `warps` warps' threads (two at least: gate/up's halves)."""
+    keep slice_values(hidden) of the slice in each of `warps` warps' threads (two at least: gate/up's halves)."""
     splits = 1
     while splittable and triton.cdiv(k, splits) > SLICE_COLUMNS:
         splits *= 2
     bk = triton.next_power_of_2(triton.cdiv(k, splits))
-    return max(2, SLICE_VALUES_A_THREAD * warps * 32 // bk), bk, splits
+    return max(2, slice_values(hidden) * warps * 32 // bk), bk, splits
+
+
+def slice_values(hidden: int) -> int:
+    """A slice's values a thread in a model of `hidden` size (0: not given): SLICE_VALUES_A_THREAD_NARROW where it is
+    SLICE_NARROW_HIDDEN wide at most, else SLICE_VALUES_A_THREAD."""
+    return SLICE_VALUES_A_THREAD_NARROW if 0 < hidden <= SLICE_NARROW_HIDDEN else SLICE_VALUES_A_THREAD
 
 
 def prefetch_bytes(n: int, k: int, bn: int, bk: int, splits: int, element_bytes: int,
@@ -1009,8 +1026,9 @@ class PlanChoice:
 def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int, kind: str = "") -> PlanChoice:
     """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) at `rows` batch rows of a model of `hidden`
     size: fused.slices for SLICED_KINDS where the rows are few enough and the model SLICE_MAX_HIDDEN wide at most, on a
-    GPU (in Triton's interpreter, whose cost is per program, tiles)."""
-    if kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows):
+    GPU (in Triton's interpreter, whose cost is per program, tiles), but for a gate/up GATE_UP_TILES_FROM wide."""
+    wide_gate_up = kind == "gate_up" and k >= GATE_UP_TILES_FROM
+    if kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows) and not wide_gate_up:
         unsplit = kind != "down" or not options.split_k
         warps = 8 if unsplit and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
@@ -1029,7 +1047,7 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     n, k = weight.shape
     choice = choice or default_choice(n, k, options, rows, hidden, kind)
     if choice.slices:
-        bn, bk, splits = slice_layout(n, k, options.split_k and splittable, choice.warps)
+        bn, bk, splits = slice_layout(n, k, options.split_k and splittable, choice.warps, hidden)
         return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice, kind)
     bk = tile_sizes(n, k)[1]
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
@@ -1044,7 +1062,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     for `rows` batch rows of a model of `hidden` size."""
     both, k = 2 * gate.shape[0], gate.shape[1]
     choice = choice or default_choice(both, k, options, rows, hidden, "gate_up")
-    bn, bk, _ = slice_layout(both, k, False, choice.warps) if choice.slices else tile_sizes(both, k)
+    bn, bk, _ = slice_layout(both, k, False, choice.warps, hidden) if choice.slices else tile_sizes(both, k)
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     if choice.slices:  # row-major rows, on CUDA cores
