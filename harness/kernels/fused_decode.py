@@ -178,14 +178,9 @@ SLICE_VALUES_A_THREAD = 64
 SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
-# ... but a gate/up of K this wide or wider (a model 2048 wide: Llama-3.2-1B, Qwen3-1.7B) runs as tiles: paired on two
-# H200s (GPU-59a32df2, GPU-26c4c138; docs/benchmarks.md, "gate/up as tiles"), Llama-3.2-1B's step at the study's
-# workload took 0.74% and 0.78% less than with its gate/up sliced on eight warps (launching the next kernel after its
-# stores), where Qwen3-0.6B's (1024 wide) took 6.3% and 6.0% more
-GATE_UP_TILES_FROM = 2048
 # In a model at most SLICE_NARROW_HIDDEN wide a thread holds SLICE_VALUES_A_THREAD_NARROW of a slice's values: paired on
-# the same two H200s, Qwen3-0.6B's step at context 1024 took 0.9% and 1.1% less with 128 than with 64, where
-# Llama-3.2-1B's (2048 wide) took 6.2% and 5.5% more
+# three H200s (docs/benchmarks.md, "128 values a thread"), Qwen3-0.6B's step took 0.9% and 1.1% less with 128 than with
+# 64 at context 1024 and 1.5% less at context 32, where Llama-3.2-1B's (2048 wide) took 6.2% and 5.5% more
 SLICE_NARROW_HIDDEN = 1024
 SLICE_VALUES_A_THREAD_NARROW = 128
 # Where each kind of product (PRODUCT_KINDS) lets the next kernel launch (PDL's launch_dependents): AFTER_LOOP, once
@@ -196,8 +191,7 @@ SLICE_VALUES_A_THREAD_NARROW = 128
 # kernels launch, each waiting beside the one it waits for (43% slower, docs/benchmarks.md, "early launch"). What is
 # computed is the same at each: the next kernel's PDL wait holds it until this one has finished.
 # The rule (launch_point), where LAUNCH_AT names no point for the kind: a gate/up sliced on eight warps (a model
-# 2048 wide at bs=1, where fused.tune or a plan's choice slices it: the rules run it as tiles, GATE_UP_TILES_FROM) after
-# its stores, every other product after its loop. Paired on one H200 each
+# 2048 wide at bs=1) after its stores, every other product after its loop. Paired on one H200 each
 # (docs/benchmarks.md, "where a kernel lets the next launch"): gate/up after its stores took 1.4% off Llama-3.2-1B's
 # step at the study's workload (twice, two GPUs), 0.9% at context 1024, 0.4-0.6% off Qwen3-1.7B's, and moved
 # Qwen3-0.6B's (four warps) by +0.0 to +0.2% and Qwen3-8B's (tiles) by +0.0%; down or lm_head after their stores
@@ -1026,9 +1020,8 @@ class PlanChoice:
 def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int, kind: str = "") -> PlanChoice:
     """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) at `rows` batch rows of a model of `hidden`
     size: fused.slices for SLICED_KINDS where the rows are few enough and the model SLICE_MAX_HIDDEN wide at most, on a
-    GPU (in Triton's interpreter, whose cost is per program, tiles), but for a gate/up GATE_UP_TILES_FROM wide."""
-    wide_gate_up = kind == "gate_up" and k >= GATE_UP_TILES_FROM
-    if kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows) and not wide_gate_up:
+    GPU (in Triton's interpreter, whose cost is per program, tiles)."""
+    if kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows):
         unsplit = kind != "down" or not options.split_k
         warps = 8 if unsplit and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
