@@ -179,8 +179,8 @@ SLICE_WARPS = 4
 SLICED_KINDS = ("gate_up", "down", "lm_head")
 SLICE_MORE_WARPS_FROM = 2048
 # In a model at most SLICE_NARROW_HIDDEN wide a thread holds SLICE_VALUES_A_THREAD_NARROW of a slice's values: paired on
-# three H200s (docs/benchmarks.md, "128 values a thread"), Qwen3-0.6B's step took 0.9% and 1.1% less with 128 than with
-# 64 at context 1024 and 1.5% less at context 32, where Llama-3.2-1B's (2048 wide) took 6.2% and 5.5% more
+# four H200s (docs/benchmarks.md, "128 values a thread"), Qwen3-0.6B's step took 0.9%, 1.1% and 1.0% less with 128 than
+# with 64 at context 1024 and 1.5% and 1.2% less at context 32, where Llama-3.2-1B's (2048 wide) took 6.2% and 5.5% more
 SLICE_NARROW_HIDDEN = 1024
 SLICE_VALUES_A_THREAD_NARROW = 128
 # Where each kind of product (PRODUCT_KINDS) lets the next kernel launch (PDL's launch_dependents): AFTER_LOOP, once
