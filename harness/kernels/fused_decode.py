@@ -538,9 +538,8 @@ def _attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Acc, M
     norm, RoPE), the new K/V appended by the chunk that holds slot pos, attention over the chunk (_chunk), and the
     merge of the chunks by the last to finish; one launch where there were three (RoPE + append, split-KV, merge).
     AHEAD: each program asks L2 for its share of the MLP's weights (Ahead1's, then Ahead2's; fused.weights_ahead)
-    once its chunk's K/V are read (at once, past the valid prefix's chunks). POSITION_BEFORE_WAIT,
-    PAST_KV_BEFORE_WAIT: what it reads before its PDL wait (the module's constants say why that is safe);
-    PAST_KV_BEFORE_QUERIES: the chunk's first block read after it, before the queries."""
+    once its chunk's K/V are read (at once, past the valid prefix's chunks). POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT:
+    what it reads before its PDL wait (the module's constants say why it is safe); PAST_KV_BEFORE_QUERIES: after it."""
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     program = (row * KV_HEADS + kv_head) * SPLITS + split
     _pdl_wait_launch(PDL, False, LAUNCH_AT_START)  # (ATTENTION_LAUNCH_AT_START)
