@@ -180,10 +180,9 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
 def test_the_new_token_attends_to_itself_once_whether_from_registers_or_the_cache(switches, context, monkeypatch):
     """The chunk that holds the new token's slot, started from the new K/V as computed (reading only the context's
     slots from the cache; with the chunk's first block of them read ahead, before the PDL wait or after it, before the
-    queries), or reading them back
-    after its own append. Where the new token opens a chunk of its own (slot 128: no slot of the context in it) and
-    beside the context's slots, the logits and cache are eager's, at that step and the next (whose chunk then reads
-    the appended slot from the cache)."""
+    queries), or reading them back after its own append. Where the new token opens a chunk of its own (slot 128: no
+    slot of the context in it) and beside the context's slots, the logits and cache are eager's, at that step and the
+    next (whose chunk then reads the appended slot from the cache)."""
     for name, value in switches.items():
         monkeypatch.setattr(fused_decode, name, value)
     monkeypatch.setattr(fused_decode, "CHUNKS_BY_PREFIX", False)  # the capacity's grid: chunks of one block
@@ -412,7 +411,7 @@ def test_products_take_fewer_warps_from_32_batch_rows_in_a_wide_model(monkeypatc
 
 
 def test_a_model_1024_wide_slices_128_values_a_thread_and_a_wider_one_64(monkeypatch):
-    """The slice rule as paired on three H200s: at one row, in a model 1024 wide (Qwen3-0.6B) each thread holds 128 of
+    """The slice rule as paired on four H200s: at one row, in a model 1024 wide (Qwen3-0.6B) each thread holds 128 of
     a slice's values, twice the rows a program of 64 would take; in one 2048 wide (Llama-3.2-1B) 64, its gate/up
     still sliced on eight warps (as tiles it was 0.8% faster at context 32 on two H200s, but 0.4% slower at context
     1024 and 5-6% slower on Qwen3-1.7B)."""
