@@ -1104,6 +1104,8 @@ class FusedDecoder:
         self.model, self.options, self.cache, self.input_ids, self.rows = model, options, cache, input_ids, rows
         self.choices = dict(choices or {})  # each kind of product's plan where not the rules' (PlanChoice)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        # the query tile's rows for a KV head's group of heads: the MMA's least (16), or the group to a power of two
+        self.group_pad = max(16, triton.next_power_of_2(self.heads // self.kv_heads))
         self.head_dim = cache.layers[0].keys.shape[-1]
         self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
         self.scale = model.model.layers[0].self_attn.scaling
@@ -1210,15 +1212,15 @@ class FusedDecoder:
     def _attention_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         """The attention folded into the O product (ATTENTION_IN_O_MAX_ROWS): one launch for both."""
         keys, values, block = kv.keys, kv.values, attention_o_block(self.hidden, self.kv_heads)
-        norms = [self.cos if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        norms = self._head_norms(layer, self.cos)
         _attention_o[(triton.cdiv(self.hidden, block), self.kv_heads)](
             self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, keys, values, layer.o_groups,
             self.residual, position if bump is None else bump, self.rows, layer.qkv.n, self.hidden, self.eps,
             self.scale, *keys.stride()[:3], *values.stride()[:3], HEADS=self.heads, KV_HEADS=self.kv_heads,
-            GROUP_PAD=max(16, triton.next_power_of_2(self.heads // self.kv_heads)), D=self.head_dim,
-            QKV_SPLITS=layer.qkv.splits, BLOCK_N=ATTN_BLOCK_N, BN=block, QK_NORM=layer.q_norm is not None,
-            ROPE_SHIFT=self.rope_shift, APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(),
-            BUMP=bump is not None, PREFETCH=not interpreted(), **self._launch(), **attention_o_warps())
+            GROUP_PAD=self.group_pad, D=self.head_dim, QKV_SPLITS=layer.qkv.splits, BLOCK_N=ATTN_BLOCK_N, BN=block,
+            QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
+            IEEE=keys.dtype == torch.float32 or interpreted(), BUMP=bump is not None, PREFETCH=not interpreted(),
+            **self._launch(), **attention_o_warps())
 
     def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
                  output=PARTIALS, bump=None) -> None:
@@ -1229,9 +1231,15 @@ class FusedDecoder:
     def _launch(self) -> dict:
         return pdl_launch(self.options.pdl)
 
+    @staticmethod
+    def _head_norms(layer: Layer, absent: torch.Tensor) -> list[torch.Tensor]:
+        """Qwen3's q and k RMSNorm gains as a kernel takes them; `absent` stands in for each a model lacks (Llama:
+        QK_NORM off, the pointer never read)."""
+        return [absent if w is None else w for w in (layer.q_norm, layer.k_norm)]
+
     def _rope_append(self, layer: Layer, kv, position: torch.Tensor) -> None:
         keys, values = kv.keys, kv.values
-        norms = [self.q if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        norms = self._head_norms(layer, self.q)
         _rope_append[(self.rows, self.heads + self.kv_heads)](
             self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, self.q, keys, values, self.rows,
             layer.qkv.n, self.hidden, self.eps, keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
@@ -1242,15 +1250,14 @@ class FusedDecoder:
     def _attention(self, layer: Layer, kv, position: torch.Tensor) -> None:
         """RoPE, the append, attention over the valid prefix [0, position] and the merge: one launch."""
         keys, values, splits = kv.keys, kv.values, self.attn_acc.shape[2]
-        norms = [self.cos if w is None else w for w in (layer.q_norm, layer.k_norm)]
+        norms = self._head_norms(layer, self.cos)
         ahead = self.weights_ahead(layer)
         _attention[(self.rows, self.kv_heads, splits)](
             self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, keys, values, self.attn_acc,
             self.attn_max, self.attn_sum, self.chunks_done, self.attn_out, self.rows, layer.qkv.n, self.hidden,
             self.eps, self.scale, *keys.stride()[:3], *values.stride()[:3], self.attn_out.stride(0),
-            *(ahead or (keys, 0, keys, 0, 0)), AHEAD=ahead is not None,
-            HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=max(16, triton.next_power_of_2(self.heads //
-            self.kv_heads)), D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
+            *(ahead or (keys, 0, keys, 0, 0)), AHEAD=ahead is not None, HEADS=self.heads, KV_HEADS=self.kv_heads,
+            GROUP_PAD=self.group_pad, D=self.head_dim, QKV_SPLITS=layer.qkv.splits, SPLITS=splits, BLOCK_N=ATTN_BLOCK_N,
             QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
             IEEE=keys.dtype == torch.float32 or interpreted(), MERGE_BLOCK=self.merge_block,
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
@@ -1288,8 +1295,8 @@ class FusedDecoder:
         _split_kv[(self.rows, self.kv_heads, splits)](
             q, keys, values, position, self.attn_acc, self.attn_max, self.attn_sum, self.scale, q.stride(0),
             q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1),
-            values.stride(2), GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=self.head_dim,
-            BLOCK_N=ATTN_BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32 or interpreted(), **self._launch())
+            values.stride(2), GROUP=group, GROUP_PAD=self.group_pad, D=self.head_dim, BLOCK_N=ATTN_BLOCK_N,
+            SPLITS=splits, IEEE=q.dtype == torch.float32 or interpreted(), **self._launch())
         _merge[(self.rows, self.heads)](self.attn_acc, self.attn_max, self.attn_sum, self.attn_out,
                                         self.attn_out.stride(0), self.head_dim, HEADS=self.heads, D=self.head_dim,
                                         SPLITS=splits, **self._launch())
