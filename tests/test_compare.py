@@ -68,7 +68,9 @@ def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_paren
     assert "tiny bs=2 ctx=8 cache=64 eager" in slower  # (bs=1 may be named too: this CPU is shared and noisy)
     pairs = {p["label"]: p for p in json.loads((out / "compare.json").read_text())["pairs"]}
     assert pairs["tiny bs=2 ctx=8 cache=64 eager"]["verdict"] == "slower"
-    assert pairs["tiny bs=1 ctx=8 cache=64 eager"]["ratio"] < 2  # not slowed: 20 ms a step is 10x tiny's step
+    # bs=1 not slowed: the fault's 20 ms a step is about 10x tiny's step, so bs=2's ratio stands far above bs=1's,
+    # which a busy shared CPU can move by 2-3x but not to bs=2's (a fault in every job would put both alike)
+    assert pairs["tiny bs=1 ctx=8 cache=64 eager"]["ratio"] < pairs["tiny bs=2 ctx=8 cache=64 eager"]["ratio"] / 2
     logged = {a.path for a in store(workdir).list_artifacts(cand_parent.info.run_id, "compare")}
     assert logged == {"compare/compare.md", "compare/compare.json", "compare/compare.png"}
     exported = workdir / "sweep.csv"
