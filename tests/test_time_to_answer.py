@@ -166,6 +166,62 @@ def test_plain_eagers_loop_is_its_own_reference_and_no_eager_step_is_taken_again
     assert again.failure is None and references.hits["hits"] - hits == 2 and references.hits["computed"] == start
 
 
+def _runner_up_at(decoded: torch.Tensor, logits: torch.Tensor, step: int, row: int) -> torch.Tensor:
+    """The loop's tokens with one row's token at `step` swapped for that step's runner-up: the path a greedy decode
+    takes where eager's own variation flips a near-tie (cuDNN's attention at bs 8 and 32 on the H200)."""
+    flipped = decoded.clone()
+    flipped[step, row] = logits[step][row].topk(2).indices[1]
+    return flipped
+
+
+def test_the_free_run_follows_the_loops_tokens_and_a_graph_that_feeds_itself_its_own():
+    from harness.measure.timing import run_steps
+    from harness.measure.verify import _forced, _free_run
+
+    _, model, prompt = tiny_fp32()
+    with torch.inference_mode():
+        stepper = EagerStepper(model, prompt, 64)
+        kept = []
+        loop = _runner_up_at(run_steps(stepper, 12, kept), kept, step=3, row=1)  # no greedy decode takes it
+        stepper.rewind()
+        run = _free_run(stepper, 16, loop)
+        assert torch.equal(run.tokens[:12], loop) and not torch.equal(run.tokens[3:4], kept[3].argmax(-1)[None])
+        assert torch.equal(run.tokens[12:], run.logits[12:].argmax(-1))  # past the loop's tokens: its own argmax
+        stepper.rewind()
+        forced = _forced(EagerStepper(model, prompt, 64, shared=stepper), run.tokens)  # eager fed the same history
+        assert torch.equal(run.logits, forced.logits)
+        stepper.rewind()
+        stepper.feeds_itself = True  # a K-step graph feeds itself: nothing is written over its feeding
+        assert not torch.equal(_free_run(stepper, 12, loop).tokens, loop)
+
+
+def test_a_run_whose_greedy_path_would_leave_the_loops_is_checked_in_one_eager_pass(monkeypatch):
+    """The lockstep's reference is eager fed the free run's tokens, and the token check's is eager fed the loop's:
+    one pass where the two are the same tokens. A greedy free run left the loop's path wherever eager's variation
+    flipped a near-tie in the loop, and paid a second pass; following the loop's tokens, it pays none, and the
+    loop's odd token is still judged by the token check."""
+    from harness.measure import verify
+    from harness.measure.timing import run_steps
+
+    class Run(EagerStepper):  # a mode's stepper: not plain eager, so its loop is not its own reference
+        pass
+
+    cfg, model, prompt = tiny_fp32()
+    forced, gaps = [], []
+    real_forced, real_gaps = verify._forced, verify._token_gaps
+    monkeypatch.setattr(verify, "_forced", lambda *a, **kw: forced.append(1) or real_forced(*a, **kw))
+    monkeypatch.setattr(verify, "_token_gaps", lambda *a, **kw: gaps.append(1) or real_gaps(*a, **kw))
+    with torch.inference_mode():
+        stepper = Run(model, prompt, cfg.cache_len)
+        kept = []
+        decoded = _runner_up_at(run_steps(stepper, verify.VERIFY_TOKENS + 2, kept), kept, step=3, row=1)
+        references.new_job()
+        metrics, failure = verify.verify(model, prompt, stepper, cfg, True, decoded)
+    assert forced == [] and metrics["max_logit_diff"] == 0.0  # the lockstep's reference: the token check's pass
+    assert failure.startswith("the decoded token at step 3 ") and metrics["tokens_match"] == 0.0
+    assert len(gaps) == 2  # that pass, and a second over the same history to measure eager's variation
+
+
 def test_a_loop_that_feeds_other_than_its_argmax_fails_against_its_own_logits(monkeypatch):
     """The loop's logits are the reference only for the tokens fed after them: a loop that feeds the runner-up
     (a plausible off-by-one in feeding) is judged by how far below the best its fed token ranks, and fails."""

@@ -1,7 +1,8 @@
 """A run proves its decode against the computation it claims to equal, after its timed loop.
 
 The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context (more where the attention backend
-reads in blocks: past the first position that starts one, verified_steps), greedily; its logits and
+reads in blocks: past the first position that starts one, verified_steps), fed the tokens its timed loop decoded
+(greedily where its graph feeds itself); its logits and
 tokens are kept. Every reference is then fed the same tokens (teacher-forced), so that one near-tie cannot
 send two decodes apart, and runs one after another in the stepper's own cache (rewound to the context), so
 that a check at a long context needs no second cache and no second prefill. A reference an earlier job of the same
@@ -97,7 +98,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     stepper.rewind()
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
     steps = verified_steps(cfg.attn, prompt.shape[1], cfg.cache_len)
-    run = _free_run(stepper, calls_for(stepper, steps))
+    run = _free_run(stepper, calls_for(stepper, steps), decoded)
     digest = context_digest(stepper)  # the context as the checks find it, once: fp32's kept reference is keyed by it
     failure = failure or _context_changed(stepper, digest, metrics)
     references.new_job()
@@ -193,10 +194,21 @@ def _context_changed(stepper, digest: torch.Tensor, metrics: dict) -> str | None
             f"of layer {layer}'s {which}: a decode, a rewind or a check wrote before the context's end")
 
 
-def _free_run(stepper, calls: int) -> Trace:
+def _free_run(stepper, calls: int, decoded: torch.Tensor | None = None) -> Trace:
+    """The run decoding again from its context, fed after each step the token its timed loop decoded there
+    (`decoded`, [steps, bs]), or, where its graph feeds itself, past the loop's tokens or with none given, its own
+    argmax. On the loop's path, the eager decode that gives the token check its gaps is also the lockstep's
+    reference (one pass, _one_pass_serves_both), where a greedy run that one near-tie sent elsewhere (eager's own
+    variation, at bs 8 and 32 on the H200) needs two; the loop's tokens were the run's own greedy choices, which
+    that check judges."""
     logits, tokens = [], []
-    for _ in range(calls):
-        logits.append(advance(stepper).clone())  # a compiled step may overwrite its output at the next call
+    follow = 0 if decoded is None or stepper.feeds_itself or stepper.tokens_per_step != 1 else decoded.shape[0]
+    for i in range(calls):
+        if i < follow:
+            logits.append(stepper.step().clone())  # a compiled step may overwrite its output at the next call
+            stepper.input_ids.copy_(decoded[i][:, None])
+        else:
+            logits.append(advance(stepper).clone())
         tokens.append(stepper.tokens.clone())
     return Trace(torch.stack(logits), torch.cat(tokens))
 
@@ -269,11 +281,12 @@ def _variation_measured_before(shape, inputs, diff: float, eager, first: Trace, 
 
 def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Tensor,
                           loop: LoopReference | None = None) -> None:
-    """Where the timed loop decoded what the free run did (every deterministic mode, a step a call), eager fed the
-    loop's tokens is, over its first steps, eager fed the free run's: one decode gives the token check its gaps
-    and the lockstep its first reference, where two would compute the same steps twice. Where the loop was plain
-    eager, that decode is the loop itself: its kept logits serve, and no eager step is taken again (the free run,
-    a second eager decode, still measures eager against itself)."""
+    """Where the free run followed the timed loop's tokens (a stepper that does not feed itself; one that does,
+    where its greedy tokens were the loop's), eager fed the loop's tokens is, over its first steps, eager fed the
+    free run's: one decode gives the token check its gaps and the lockstep its first reference, where two would
+    compute the same steps twice. Where the loop was plain eager, that decode is the loop itself: its kept logits
+    serve, and no eager step is taken again (the free run, a second eager decode, still measures eager against
+    itself)."""
     steps = run.tokens.shape[0]
     if loop is not None:
         shape = references.shape_of(model, stepper)
