@@ -59,21 +59,51 @@ def test_slice_layout_fills_a_thread_with_whole_rows_of_a_split():
     assert fused_decode.slice_layout(2048, 2048, True, 4) == (4, 2048, 1)
 
 
+def test_the_rules_warps_a_program_by_layout_k_and_rows(monkeypatch):
+    """The rules' plan (default_choice, rule_warps) on the GPU: an unsplit slice of K 2048 or more on eight warps, a
+    split or shorter one on four; tiles on eight, four from 32 rows in a model 4096 wide."""
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
+
+    def rules(n, k, kind, rows=1, hidden=2048, options=FusedOptions()):
+        return fused_decode.default_choice(n, k, options, rows, hidden, kind)
+
+    # Llama-3.2-1B at bs=1: gate/up and lm_head unsplit (K 2048) on eight, down split (K 8192) on four, QKV tiles
+    assert rules(16384, 2048, "gate_up") == PlanChoice(2, True, 8, slices=True)
+    assert rules(128256, 2048, "lm_head") == PlanChoice(2, True, 8, slices=True)
+    assert rules(2048, 8192, "down") == PlanChoice(2, True, 4, slices=True)
+    assert rules(3072, 2048, "qkv") == PlanChoice(2, True, 8)
+    # with fused.split_k off, down's K stays whole: eight
+    assert rules(2048, 8192, "down", options=FusedOptions(split_k=False)) == PlanChoice(2, True, 8, slices=True)
+    # Qwen3-0.6B (1024 wide): a K of 1024 is short of 2048, four
+    assert rules(6144, 1024, "gate_up", hidden=1024) == PlanChoice(2, True, 4, slices=True)
+    # Qwen3-8B: tiles (no product of a model 4096 wide is sliced), on four from 32 rows
+    assert rules(24576, 4096, "gate_up", hidden=4096) == PlanChoice(2, True, 8)
+    assert rules(24576, 4096, "gate_up", rows=32, hidden=4096) == PlanChoice(2, True, 4)
+
+
 def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monkeypatch):
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
 
-    def decoder_of(kind: str, n: int, k: int, options=FusedOptions(), rows: int = 8, choice=None):
+    def decoder_of(kind: str, n: int, k: int, options=FusedOptions(), rows: int = 8, choice=None, hidden: int = 2048):
         choice = choice or PlanChoice(2, options.packed, 8)
         product = fused_decode.plan(torch.zeros(n, k), options, True, choice=choice)
-        return SimpleNamespace(options=options, rows=rows, products=lambda: {kind: product})
+        return SimpleNamespace(options=options, rows=rows, hidden=hidden, products=lambda: {kind: product})
 
-    # at one row, the slices are a candidate; a sliced product's candidates are its warps and the tiles
-    assert PlanChoice(2, True, 4, slices=True) in fused_tune.candidates(decoder_of("o", 2048, 2048, rows=1), "o")
+    # at one row, the slices are a candidate, on the warps the rules give a slice of that K: Llama-3.2-1B's O (K 2048,
+    # one split) on eight; a sliced product's candidates are its warps and the tiles
+    assert PlanChoice(2, True, 8, slices=True) in fused_tune.candidates(decoder_of("o", 2048, 2048, rows=1), "o")
     sliced = decoder_of("o", 2048, 2048, rows=1, choice=PlanChoice(2, True, 4, slices=True))
     assert fused_tune.candidates(sliced, "o", prefetch=True) == [PlanChoice(2, True, 8, slices=True),
                                                                  PlanChoice(2, True, 8)]
     assert all(not c.slices for c in fused_tune.candidates(decoder_of("o", 2048, 2048, FusedOptions(slices=False),
                                                                       rows=1), "o"))
+
+    # Qwen3-8B's gate/up as tiles (hidden 4096: the rules slice no product of it): as slices, on eight warps (a K of
+    # 4096 unsplit); its down (K 12288, split) on four
+    gate_up = decoder_of("gate_up", 24576, 4096, rows=1, hidden=4096)
+    assert PlanChoice(2, True, 8, slices=True) in fused_tune.candidates(gate_up, "gate_up")
+    down = decoder_of("down", 4096, 12288, rows=1, hidden=4096)
+    assert PlanChoice(2, True, 4, slices=True) in fused_tune.candidates(down, "down")
 
     # Qwen3-8B's QKV (6144 x 4096): 96 blocks split 4 ways at 2 programs an SM, 2 ways at 1, 8 ways at 4
     assert fused_tune.candidates(decoder_of("qkv", 6144, 4096), "qkv") == [

@@ -1020,11 +1020,22 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
     """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) at `rows` batch rows of a model of `hidden`
     size: fused.slices for SLICED_KINDS where the rows are few enough and the model SLICE_MAX_HIDDEN wide at most, on a
     GPU (in Triton's interpreter, whose cost is per program, tiles)."""
-    if kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows):
-        unsplit = kind != "down" or not options.split_k
-        warps = 8 if unsplit and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
+    slices = kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows)
+    warps = rule_warps(kind, n, k, options, rows, hidden, slices)
+    if slices:
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
-    return PlanChoice(PROGRAMS_PER_SM, options.packed, warps_for(tile_sizes(n, k)[2], rows, hidden), options.prefetch)
+    return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, options.prefetch)
+
+
+def rule_warps(kind: str, n: int, k: int, options: FusedOptions, rows: int, hidden: int, slices: bool) -> int:
+    """The warps the rules give a program of an n x k product of `kind`, as fused.slices or as tiles: a slice of a K
+    that does not split (gate/up and lm_head never do; QKV, O and down where fused.split_k is off or K is
+    SLICE_COLUMNS at most) and is SLICE_MORE_WARPS_FROM columns or more on eight, other slices on SLICE_WARPS;
+    tiles on tile_sizes' warps, fewer from many rows in a wide model (warps_for)."""
+    if slices:
+        splits = options.split_k and kind in SPLITTABLE_KINDS and k > SLICE_COLUMNS
+        return 8 if not splits and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
+    return warps_for(tile_sizes(n, k)[2], rows, hidden)
 
 
 def slices_apply(options: FusedOptions, rows: int) -> bool:
@@ -1074,6 +1085,7 @@ PRODUCT_WEIGHTS = {
     "lm_head": lambda model: model.lm_head.weight,
 }
 PRODUCT_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
+SPLITTABLE_KINDS = ("qkv", "o", "down")  # whose K may split (gate/up needs whole sums; lm_head has blocks enough)
 
 
 @dataclass
@@ -1141,7 +1153,8 @@ class FusedDecoder:
         if kind == "gate_up":
             return plan_swiglu(source.mlp.gate_proj.weight, source.mlp.up_proj.weight, self.options, *sizes,
                                choice=choice)
-        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind != "lm_head", *sizes, choice=choice, kind=kind)
+        return plan(PRODUCT_WEIGHTS[kind](source), self.options, kind in SPLITTABLE_KINDS, *sizes, choice=choice,
+                    kind=kind)
 
     def products(self) -> dict[str, Product]:
         """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""

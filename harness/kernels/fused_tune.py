@@ -34,13 +34,12 @@ from typing import Callable
 import triton
 
 from harness.kernels import fused_decode
-from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, SLICE_WARPS, FusedDecoder, PlanChoice,
-                                          blocks_and_splits, slices_apply)
+from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, SPLITTABLE_KINDS, FusedDecoder, PlanChoice,
+                                          blocks_and_splits, rule_warps, slices_apply)
 
 TAKE_BELOW = 0.995  # a candidate replaces the plan where its step's median ratio to the plan's is below this
 PER_SM_CHOICES = (1, 2, 4)  # programs an SM a split product may aim at
 WARPS_CHOICES = (FEWER_WARPS, 8)
-SPLIT_KINDS = ("qkv", "o", "down")  # the products whose K may split (gate/up needs whole sums; lm_head has blocks)
 
 
 @dataclass
@@ -67,15 +66,16 @@ def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list
     product, options = decoder.products()[kind], decoder.options
     current = product.choice
     found = [replace(current, warps=w) for w in WARPS_CHOICES if w != current.warps]
-    if slices_apply(options, decoder.rows):  # fused.slices: the tiles instead, or back
-        found.append(replace(current, slices=not current.slices, warps=SLICE_WARPS if not current.slices else 8))
+    if slices_apply(options, decoder.rows):  # fused.slices: the tiles instead, or back, on the warps the rules give
+        warps = rule_warps(kind, product.n, product.k, options, decoder.rows, decoder.hidden, not current.slices)
+        found.append(replace(current, slices=not current.slices, warps=warps))
     if current.slices:  # row-major slices: packing, the prefetch and the tiles' splits do not apply
         return found
     if options.packed:
         found.append(replace(current, packed=not current.packed, prefetch=False))
     if prefetch and current.packed:
         found.append(replace(current, prefetch=not current.prefetch))
-    if kind in SPLIT_KINDS and options.split_k:
+    if kind in SPLITTABLE_KINDS and options.split_k:
         layouts = {(product.bn, product.splits)}
         for per_sm in PER_SM_CHOICES:
             layout = blocks_and_splits(product.n, product.k, product.bk, True, per_sm)
