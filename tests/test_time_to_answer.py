@@ -166,7 +166,7 @@ def test_plain_eagers_loop_is_its_own_reference_and_no_eager_step_is_taken_again
     assert again.failure is None and references.hits["hits"] - hits == 2 and references.hits["computed"] == start
 
 
-def _runner_up_at(decoded: torch.Tensor, logits: torch.Tensor, step: int, row: int) -> torch.Tensor:
+def _runner_up_at(decoded: torch.Tensor, logits: list[torch.Tensor], step: int, row: int) -> torch.Tensor:
     """The loop's tokens with one row's token at `step` swapped for that step's runner-up: the path a greedy decode
     takes where eager's own variation flips a near-tie (cuDNN's attention at bs 8 and 32 on the H200)."""
     flipped = decoded.clone()

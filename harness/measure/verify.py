@@ -2,11 +2,11 @@
 
 The run's stepper first decodes VERIFY_TOKENS steps from its prefilled context (more where the attention backend
 reads in blocks: past the first position that starts one, verified_steps), fed the tokens its timed loop decoded
-(greedily where its graph feeds itself); its logits and
-tokens are kept. Every reference is then fed the same tokens (teacher-forced), so that one near-tie cannot
-send two decodes apart, and runs one after another in the stepper's own cache (rewound to the context), so
-that a check at a long context needs no second cache and no second prefill. A reference an earlier job of the same
-shape computed for the very same tokens is taken as it is (references.py): in a sweep, graphed's check reuses eager's.
+(greedily where its graph feeds itself); its logits and tokens are kept. Every reference is then fed the same tokens
+(teacher-forced), so that one near-tie cannot send two decodes apart, and runs one after another in the stepper's
+own cache (rewound to the context), so that a check at a long context needs no second cache and no second prefill.
+A reference an earlier job of the same shape computed for the very same tokens is taken as it is (references.py): in
+a sweep, graphed's check reuses eager's.
 - Exact modes (eager, graphed, bucketed) run eager's own kernels with the run's attention backend. Every
   logit of every row must equal plain eager's at the same rows (a bucket's padding included), as far as
   eager reproduces itself (bit for bit where its kernels are deterministic; on the H200, SDPA over a
