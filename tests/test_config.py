@@ -172,6 +172,26 @@ def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys, le
     assert sum("no past run" in line for line in out) == 48 - ran
 
 
+def test_plan_on_several_gpus_gives_each_job_in_turn_the_first_gpu_free(workdir, capsys):
+    """`harness plan --gpus N`: the sweep's wall where each job, in the sweep's order, takes the first GPU to come free
+    (hydra/launcher=gpus's queue). Bugs caught: jobs dealt round-robin (20 s below), the total split evenly (11 s)."""
+    from harness.cli import commands
+    from harness.cli.plan import wall_on_gpus
+
+    assert wall_on_gpus([10.0, 1.0, 1.0, 1.0, 9.0], 2) == 12.0  # 10 | 1+1+1, then 9 on the one free at 3
+    assert wall_on_gpus([10.0, 1.0, 1.0, 1.0, 9.0], 1) == 22.0 and wall_on_gpus([3.0, 5.0], 8) == 5.0
+    folder = str(REPO / "docs" / "results" / "h200-context-whole")
+    assert commands.main(["plan", "+experiment=context", "--past", folder, "--gpus", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    total = float(out[-3].split()[1])
+    assert out[-2].startswith(f"on 1 GPU, one job each at a time (hydra/launcher=gpus): about {total:.1f} s ")
+    assert commands.main(["plan", "+experiment=context", "--past", folder, "--gpus", "8"]) == 0
+    eight = float(capsys.readouterr().out.splitlines()[-2].split("about ")[1].split()[0])
+    assert total / 8 <= eight < total / 4
+    assert commands.main(["plan", "+experiment=context", "--gpus", "0"]) == 2
+    assert "--gpus: '0' is not a count of GPUs: use a whole number of 1 or more" in capsys.readouterr().err
+
+
 def test_plan_numbers_the_jobs_as_the_sweep_ran_them(workdir, capsys):
     """`harness plan` lists a preset's jobs in the order the harness sweeper runs them (grouped by model, the grid's
     order within one), checked against the job numbers of the models preset's sweep on the H200, whose result files

@@ -30,6 +30,13 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def _positive(text: str) -> int:
+    """A count of one or more, else argparse's one line naming the value."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of GPUs: use a whole number of 1 or more")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("--tracking-uri", default=argparse.SUPPRESS, help="default: $MLFLOW_TRACKING_URI, else ./mlruns")
@@ -75,6 +82,8 @@ def _add_plan(sub, store) -> None:
     p.add_argument("--experiment", default="harness")
     p.add_argument("--past", type=Path, action="append", default=[], metavar="DIR",
                    help="a folder of result files (a sweep's, or docs/results/...) whose finished runs estimate too")
+    p.add_argument("--gpus", type=_positive, metavar="N",
+                   help="also the sweep's wall on N GPUs of one node, one job each at a time (hydra/launcher=gpus)")
     p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="as the sweep's command line")
 
 
@@ -136,7 +145,7 @@ def _run(args, uri: str) -> int:
         from harness.cli.plan import plan
 
         has_store = not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file()
-        return plan(uri if has_store else None, args.experiment, args.overrides, args.past)
+        return plan(uri if has_store else None, args.experiment, args.overrides, args.past, args.gpus)
     return ui(uri, args.host, args.port)
 
 

@@ -1,8 +1,10 @@
-"""`harness plan [-m] OVERRIDES... [--past DIR]`: the jobs a command would run, each with the time it took before (the
-store's finished runs of the same config, and those among the result files under each DIR, by their recorded
-phases), and the total. Reads only: it runs nothing and creates no store."""
+"""`harness plan [-m] OVERRIDES... [--past DIR] [--gpus N]`: the jobs a command would run, each with the time it took
+before (the store's finished runs of the same config, and those among the result files under each DIR, by their
+recorded phases), and the total; with --gpus, the sweep's wall on N GPUs of one node, one job each at a time.
+Reads only: it runs nothing and creates no store."""
 from __future__ import annotations
 
+import heapq
 import statistics
 from pathlib import Path
 
@@ -80,7 +82,17 @@ def past_seconds_in_files(folders: list[Path], hashes: set[str]) -> dict[str, li
     return found
 
 
-def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: list[Path] = ()) -> int:
+def wall_on_gpus(seconds: list[float], gpus: int) -> float:
+    """The wall of jobs taking `seconds` each, in this order, on `gpus` GPUs where each job takes the first GPU to
+    come free (the queue of hydra/launcher=gpus): the last GPU's end."""
+    free_at = [0.0] * gpus
+    for s in seconds:
+        heapq.heapreplace(free_at, free_at[0] + s)
+    return max(free_at)
+
+
+def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: list[Path] = (),
+         gpus: int | None = None) -> int:
     check_overrides(overrides)
     jobs, rules = jobs_of(overrides)
     kept = [(job, cfg) for job, cfg in ((job, composed(job)) for job in jobs) if excluding_rule(cfg, rules) is None]
@@ -90,7 +102,7 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
     past = past_seconds(uri, experiment, hashes) if uri else {}
     for h, seconds in past_seconds_in_files(list(past_folders), hashes).items():
         past.setdefault(h, []).extend(seconds)
-    known, total = 0, 0.0
+    known, total, estimates = 0, 0.0, []
     left_out = len(jobs) - len(rows)
     excluded = f" ({left_out} more excluded: {'; '.join(describe(r) for r in rules)})" if left_out else ""
     print(f"{len(rows)} jobs{excluded}" + ("" if uri or past_folders else " (no store here: no past runs to estimate from)"))
@@ -98,10 +110,17 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
         seconds = past.get(h)
         if seconds:
             known, total = known + 1, total + statistics.median(seconds)
+            estimates.append(statistics.median(seconds))
             estimate = f"{statistics.median(seconds):8.1f} s  (median of {len(seconds)} past run{'s' * (len(seconds) > 1)})"
         else:
             estimate = "       ?    (no past run of this config)"
         print(f"{i:>3}  {estimate}  {label}")
     unknown = len(rows) - known
     print(f"total: {total:.1f} s for the {known} jobs that ran before" + (f"; {unknown} never ran here" if unknown else ""))
+    if gpus:
+        print(f"on {gpus} GPU{'s' * (gpus > 1)}, one job each at a time (hydra/launcher=gpus): about "
+              f"{wall_on_gpus(estimates, gpus):.1f} s for those jobs in the order above, each to the first GPU free;\n"
+              "  plus what each pays as a process of its own, where one sweep's jobs share one: the interpreter, the "
+              "imports and the model's build (12-27 s a job on the H200, docs/benchmarks.md), and the eager "
+              "references a job takes from the one before it")
     return 0
