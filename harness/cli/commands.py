@@ -30,8 +30,8 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _positive(text: str) -> int:
-    """A count of one or more, else argparse's one line naming the value."""
+def _gpu_count(text: str) -> int:
+    """--gpus: a whole number of 1 or more, else argparse's one line naming the value."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count of GPUs: use a whole number of 1 or more")
     return int(text)
@@ -82,7 +82,7 @@ def _add_plan(sub, store) -> None:
     p.add_argument("--experiment", default="harness")
     p.add_argument("--past", type=Path, action="append", default=[], metavar="DIR",
                    help="a folder of result files (a sweep's, or docs/results/...) whose finished runs estimate too")
-    p.add_argument("--gpus", type=_positive, metavar="N",
+    p.add_argument("--gpus", type=_gpu_count, metavar="N",
                    help="also the sweep's wall on N GPUs of one node, one job each at a time (hydra/launcher=gpus)")
     p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help="as the sweep's command line")
 
