@@ -207,9 +207,10 @@ def test_a_run_whose_greedy_path_would_leave_the_loops_is_checked_in_one_eager_p
         pass
 
     cfg, model, prompt = tiny_fp32()
-    forced, gaps = [], []
+    forced, gaps = [], []  # forced: eager's lockstep decodes (the free run, fed the loop's tokens, runs on the Run)
     real_forced, real_gaps = verify._forced, verify._token_gaps
-    monkeypatch.setattr(verify, "_forced", lambda *a, **kw: forced.append(1) or real_forced(*a, **kw))
+    monkeypatch.setattr(verify, "_forced", lambda stepper, *a, **kw: (type(stepper) is EagerStepper and forced.append(1))
+                        or real_forced(stepper, *a, **kw))
     monkeypatch.setattr(verify, "_token_gaps", lambda *a, **kw: gaps.append(1) or real_gaps(*a, **kw))
     with torch.inference_mode():
         stepper = Run(model, prompt, cfg.cache_len)

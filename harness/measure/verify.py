@@ -201,14 +201,14 @@ def _free_run(stepper, calls: int, decoded: torch.Tensor | None = None) -> Trace
     reference (one pass, _one_pass_serves_both), where a greedy run that one near-tie sent elsewhere (eager's own
     variation, at bs 8 and 32 on the H200) needs two; the loop's tokens were the run's own greedy choices, which
     that check judges."""
+    feeds = decoded is not None and not stepper.feeds_itself and stepper.tokens_per_step == 1
+    follow = min(decoded.shape[0], calls) if feeds else 0
     logits, tokens = [], []
-    follow = 0 if decoded is None or stepper.feeds_itself or stepper.tokens_per_step != 1 else decoded.shape[0]
-    for i in range(calls):
-        if i < follow:
-            logits.append(stepper.step().clone())  # a compiled step may overwrite its output at the next call
-            stepper.input_ids.copy_(decoded[i][:, None])
-        else:
-            logits.append(advance(stepper).clone())
+    if follow:  # on the loop's path: fed its tokens as a reference is
+        followed = _forced(stepper, decoded[:follow])
+        logits, tokens = list(followed.logits), [followed.tokens]
+    for _ in range(calls - follow):
+        logits.append(advance(stepper).clone())  # a compiled step may overwrite its output at the next call
         tokens.append(stepper.tokens.clone())
     return Trace(torch.stack(logits), torch.cat(tokens))
 
