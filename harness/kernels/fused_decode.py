@@ -1028,13 +1028,13 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
 
 
 def rule_warps(kind: str, n: int, k: int, options: FusedOptions, rows: int, hidden: int, slices: bool) -> int:
-    """The warps the rules give a program of an n x k product of `kind`, as fused.slices or as tiles: a slice of a K
-    that does not split (gate/up and lm_head never do; QKV, O and down where fused.split_k is off or K is
+    """The warps the rules give a program of an n x k product of `kind`, as fused.slices or as tiles: a slice whose K
+    slice_layout does not split (gate/up and lm_head never; QKV, O and down where fused.split_k is off or K is
     SLICE_COLUMNS at most) and is SLICE_MORE_WARPS_FROM columns or more on eight, other slices on SLICE_WARPS;
     tiles on tile_sizes' warps, fewer from many rows in a wide model (warps_for)."""
     if slices:
-        splits = options.split_k and kind in SPLITTABLE_KINDS and k > SLICE_COLUMNS
-        return 8 if not splits and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
+        splits = slice_layout(n, k, options.split_k and kind in SPLITTABLE_KINDS, SLICE_WARPS, hidden)[2]
+        return 8 if splits == 1 and k >= SLICE_MORE_WARPS_FROM else SLICE_WARPS
     return warps_for(tile_sizes(n, k)[2], rows, hidden)
 
 
