@@ -102,21 +102,21 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
     past = past_seconds(uri, experiment, hashes) if uri else {}
     for h, seconds in past_seconds_in_files(list(past_folders), hashes).items():
         past.setdefault(h, []).extend(seconds)
-    known, total, estimates = 0, 0.0, []
+    estimates = []  # the median of each job's past runs, for the jobs that ran before
     left_out = len(jobs) - len(rows)
     excluded = f" ({left_out} more excluded: {'; '.join(describe(r) for r in rules)})" if left_out else ""
     print(f"{len(rows)} jobs{excluded}" + ("" if uri or past_folders else " (no store here: no past runs to estimate from)"))
     for i, (_, label, h) in enumerate(rows):
         seconds = past.get(h)
         if seconds:
-            known, total = known + 1, total + statistics.median(seconds)
             estimates.append(statistics.median(seconds))
-            estimate = f"{statistics.median(seconds):8.1f} s  (median of {len(seconds)} past run{'s' * (len(seconds) > 1)})"
+            estimate = f"{estimates[-1]:8.1f} s  (median of {len(seconds)} past run{'s' * (len(seconds) > 1)})"
         else:
             estimate = "       ?    (no past run of this config)"
         print(f"{i:>3}  {estimate}  {label}")
-    unknown = len(rows) - known
-    print(f"total: {total:.1f} s for the {known} jobs that ran before" + (f"; {unknown} never ran here" if unknown else ""))
+    unknown = len(rows) - len(estimates)
+    print(f"total: {sum(estimates):.1f} s for the {len(estimates)} jobs that ran before"
+          + (f"; {unknown} never ran here" if unknown else ""))
     if gpus:
         print(f"on {gpus} GPU{'s' * (gpus > 1)}, one job each at a time (hydra/launcher=gpus): about "
               f"{wall_on_gpus(estimates, gpus):.1f} s for those jobs in the order above, each to the first GPU free;\n"
