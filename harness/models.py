@@ -1,7 +1,10 @@
 """Build a model from its architecture with seeded random weights, or load a local checkpoint.
 
-Models are cached per process, so the jobs of a sweep that share a model build it once; the
-sweeper orders jobs by model, so one slot is enough and a new model frees the last one.
+Models are cached per process, so the jobs of a sweep that share a model build it once. The sweeper groups jobs
+by the model's weights, then by the context they fill, then by attention backend (harness/config/labels.py,
+in_run_order): a model of other weights frees every one built before, and the variants of one set of weights that
+differ in their attention backend stay built together while they take at most MODELS_KEPT_FRACTION of the GPU's
+memory (three 0.6B models, 3.6 GB on a 141 GB H200), else the new one frees the others.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config.schema import ConfigError, ModelConfig
 from harness.kernels import attention_spec
+from harness.modes import kept_context
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -30,6 +34,7 @@ class LoadedModel:
 
 
 _cache: dict[tuple, LoadedModel] = {}
+MODELS_KEPT_FRACTION = 1 / 16  # of the GPU's memory: the most the attention variants of one model keep built
 
 
 def get_model(cfg: ModelConfig, dtype: str, attn: str, device: torch.device, seed: int) -> LoadedModel:
@@ -37,7 +42,7 @@ def get_model(cfg: ModelConfig, dtype: str, attn: str, device: torch.device, see
     if key in _cache:
         hit = _cache[key]
         return LoadedModel(hit.model, hit.weights, hit.source, 0.0, reused=True)
-    release_models()
+    _make_room(key)
     start = time.perf_counter()
     model, weights, source = _load(cfg, DTYPES[dtype], attn, device, seed)
     if cfg.fuse_projections:
@@ -50,7 +55,30 @@ def get_model(cfg: ModelConfig, dtype: str, attn: str, device: torch.device, see
     return loaded
 
 
+def _make_room(key: tuple) -> None:
+    """Free the models built before, unless they are the same weights under other attention backends on a GPU and,
+    with one more of their size, take at most MODELS_KEPT_FRACTION of its memory. A context kept by an earlier job
+    (harness/modes/kept_context.py) is freed with models of other weights only: the new model's jobs can decode
+    from it."""
+    weights = key[:2] + key[3:]
+    if any(other[:2] + other[3:] != weights for other in _cache):
+        release_models()
+    elif _cache and torch.device(key[3]).type == "cuda":
+        built = [sum(p.numel() * p.element_size() for p in hit.model.parameters()) for hit in _cache.values()]
+        total = torch.cuda.get_device_properties(torch.device(key[3])).total_memory
+        if sum(built) + max(built) > MODELS_KEPT_FRACTION * total:
+            _free_built()
+    elif _cache:
+        _free_built()
+
+
 def release_models() -> None:
+    """Free every model built, and the context an earlier job kept (it was filled by one of them)."""
+    kept_context.drop()
+    _free_built()
+
+
+def _free_built() -> None:
     _cache.clear()
     gc.collect()
     if torch.cuda.is_available():

@@ -12,6 +12,7 @@ interpret_without_gpu()  # as the command line does, before anything imports tri
 
 from harness import models  # noqa: E402
 from harness.measure import references  # noqa: E402
+from harness.modes import kept_context  # noqa: E402
 from tests.support import FAST, SECRET, MlflowServer, run_harness  # noqa: E402
 
 
@@ -25,11 +26,13 @@ def workdir(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.fixture(autouse=True)
 def no_kept_references():
-    """Each test starts without an earlier test's eager references: some tests patch a model's computation in
-    ways the references' keys (weights, shape, inputs) cannot see; the tests of keeping them say so themselves."""
+    """Each test starts without an earlier test's eager references or kept context: some tests patch a model's
+    computation in ways their keys (weights, shape, inputs) cannot see; the tests of keeping them say so themselves."""
     references.forget()
+    kept_context.drop()
     yield
     references.forget()
+    kept_context.drop()
 
 
 @pytest.fixture

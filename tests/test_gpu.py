@@ -29,10 +29,16 @@ def test_graphed_is_faster_than_eager():
 
 
 def test_memory_returns_to_the_post_load_baseline_between_jobs():
+    """Between jobs a process holds its model and the one cache kept for the next job (kept_context), nothing else:
+    freeing that cache gives back the model's baseline."""
+    from harness.modes import kept_context
+
     models.release_models()
     first = measure(run_config(*QWEN, "bs=8", "mode=graphed"))
-    baseline = torch.cuda.memory_allocated()
+    baseline = torch.cuda.memory_allocated() - kept_context.kept_bytes()
     second = measure(run_config(*QWEN, "bs=4", "mode=graphed", "cache_len=4096"))
+    assert kept_context.kept_bytes() > 0 and torch.cuda.memory_allocated() - kept_context.kept_bytes() == baseline
+    kept_context.drop()
     assert torch.cuda.memory_allocated() == baseline
     for result in (first, second):
         m = result.metrics
@@ -234,3 +240,31 @@ def test_an_ab_of_whole_against_regional_compiles_both_steps():
     for arm in (a, b):
         assert arm.prepared and not any(line.startswith("in process") for line in arm.prepared), arm.prepared
     assert measure(arm_b).metrics["verified"] == 1.0
+
+
+def test_every_backend_but_eager_prefills_one_context_and_the_jobs_of_a_context_decode_from_the_first_ones():
+    """In bf16 on the GPU, the models of sdpa, sdpa-gqa, flex and triton-decode prefill the very same context K/V,
+    bit for bit (each prefills through transformers' SDPA: AttentionSpec.prefill), so the jobs of one batch and
+    context, as the sweeper orders them, decode from the context the first one filled, and each passes its checks.
+    Bug caught: a backend whose prefill computes other K/V (its own attention, its own mask) marked as SDPA's."""
+    from harness.measure.job import seeded_prompt
+    from harness.modes.eager import EagerStepper
+
+    shape = (*QWEN, "bs=8", "context_len=1000", "cache_len=1280")
+    cfg, device = run_config(*shape), torch.device("cuda")
+    backends = ("sdpa", "sdpa-gqa", "flex", "triton-decode")
+    contexts = {}
+    for attn in backends:
+        model = models.get_model(cfg.model, "bf16", attn, device, cfg.seed).model
+        prompt = seeded_prompt(8, 1000, model.config.vocab_size, cfg.seed, device)
+        with torch.inference_mode():
+            stepper = EagerStepper(model, prompt, 1280)
+            contexts[attn] = [t[:, :, :1000].clone() for layer in stepper.cache.layers for t in (layer.keys, layer.values)]
+            stepper.release()
+    assert all(torch.equal(a, b) for attn in backends[1:] for a, b in zip(contexts["sdpa"], contexts[attn]))
+    contexts.clear()
+    first = measure(run_config(*shape, "mode=eager"))
+    assert first.failure is None and first.metrics["prefill_reused"] == 0.0
+    for attn in backends:
+        follower = measure(run_config(*shape, "mode=graphed", f"attn={attn}"))
+        assert follower.failure is None and follower.metrics["prefill_reused"] == 1.0, attn

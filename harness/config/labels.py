@@ -24,14 +24,27 @@ def shown_key(override_key: str) -> str:
 
 # The keys that decide which model object a job builds: a sweep runs the jobs of one value of them together
 MODEL_KEYS = ("model", "dtype", "attn", "device", "seed")
+# The keys that decide the context a job prefills, with the model's weights (every key above but `attn`: each
+# backend but eager prefills through SDPA): a sweep runs the jobs of one value of them together, so that a job
+# can decode from the context the one before it filled (harness/modes/kept_context.py)
+CONTEXT_KEYS = ("bs", "context_len", "cache_len", "prompt_len")
 
 
 def in_run_order(jobs: list[list[str]]) -> list[list[str]]:
     """A sweep's jobs (each a list of `key=value` overrides) in the order the harness sweeper runs them: grouped by
-    the overrides that decide the model (stably: the grid's order within a group), so a process builds each once."""
-    def model_of(job: list[str]) -> tuple:
-        return tuple(o for o in job if o.split("=", 1)[0].lstrip("+~").split(".")[0] in MODEL_KEYS)
-    return sorted(jobs, key=model_of)
+    the overrides that decide the model's weights (sorted, so a process builds each set of weights once), within
+    them by those that decide the context a job fills, then by attention backend (each group where the grid first
+    has it), and in the grid's order within one: the jobs that prefill the same context run one after another."""
+    def values(job: list[str], keys: tuple[str, ...]) -> tuple:
+        return tuple(o for o in job if o.split("=", 1)[0].lstrip("+~").split(".")[0] in keys)
+
+    first_seen: dict[tuple, int] = {}
+    for job in jobs:
+        for keys in (CONTEXT_KEYS, ("attn",)):
+            first_seen.setdefault(values(job, keys), len(first_seen))
+    weights = tuple(k for k in MODEL_KEYS if k != "attn")
+    return sorted(jobs, key=lambda job: (values(job, weights), first_seen[values(job, CONTEXT_KEYS)],
+                                         first_seen[values(job, ("attn",))]))
 
 
 def varying_keys(jobs: list[list[str]]) -> list[str]:

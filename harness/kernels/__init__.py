@@ -38,6 +38,11 @@ class AttentionSpec:
     # count) covers for the query at `position`, where the plan is made on the host; verification checks it covers
     # every valid slot. None where the plan is made inside the kernel (the check is then not applied)
     read_plan: str | None = None
+    # The attention a prefill (more than one query token) runs: the backends that decode with their own kernels
+    # prefill through transformers' SDPA and its mask (harness/kernels/attention.py, _prefill_or), so one context
+    # K/V serves each of them, and the next job of a sweep may decode from the one an earlier job filled
+    # (harness/measure/contexts.py)
+    prefill: str = "sdpa"
 
     def slots_planned(self, position: int, slots: int, device) -> int | None:
         """How many first slots its read plan covers for the query at `position`; None where it has no host plan."""
@@ -61,4 +66,4 @@ register(AttentionSpec("flex", VALID_PREFIX, setup="harness.kernels.attention:us
                        cache_in_blocks=True, edge=FLEX_BLOCK, read_plan="harness.kernels.attention:flex_slots_planned"))
 register(AttentionSpec("triton-decode", VALID_PREFIX, setup="harness.kernels.attention:use_triton_decode",
                        edge=TRITON_DECODE_BLOCK))
-register(AttentionSpec("eager", EVERY_SLOT_REPEATED))
+register(AttentionSpec("eager", EVERY_SLOT_REPEATED, prefill="eager"))

@@ -20,13 +20,15 @@ from harness.measure.environment import environment_tags
 from harness.measure.gpu_state import GpuState
 from harness.models import DTYPES, LoadedModel, get_model
 from harness.modes import spec
-from harness.modes.base import DecodeMode
+from harness.modes import kept_context
+from harness.modes.base import DecodeMode, pad_rows
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations, references
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
 from harness.measure.timing import run_steps, timed_decode, warm_up
-from harness.measure.verify import context_digest, loop_reference, loop_serves_as_reference, verified_steps, verify
+from harness.measure.verify import (context_digest, context_fills, loop_reference, loop_serves_as_reference,
+                                   verified_steps, verify)
 
 
 SLOW_MS = 20.0  # what HARNESS_INJECT_FAULT=slow adds to each step
@@ -56,6 +58,8 @@ def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None
             result = _decode(cfg, loaded, mode, device, on_phase, artifacts_dir)
     except torch.OutOfMemoryError as err:
         oom = str(err).splitlines()[0]  # keep the text only: the traceback would pin the job's tensors
+    finally:
+        kept_context.forget_taken()
     released = memory.after_release()
     if oom is not None:
         back = {1.0: "yes", 0.0: "NO"}.get(released.get("mem_returned_to_baseline"), "not measured off a GPU")
@@ -189,9 +193,16 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     phases["graph_mem_mb"] = stepper.graph_bytes / MiB
     on_phase("prefill")
     with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
-        stepper.restart(prompt)
-    phases["prefill_tokens_per_s"] = prompt.numel() / phases["prefill_ms"] * 1e3  # time to first token at this context
+        filled = adopt_or_prefill(model, stepper, prompt)
+    # time to first token at this context: its own prefill's, or that of the earlier job's that filled it
+    phases["prefill_tokens_per_s"] = (prompt.numel() / phases["prefill_ms"] * 1e3 if filled is None
+                                      else filled.prefill_tokens_per_s)
+    phases["prefill_reused"] = float(filled is not None)
+    if filled is not None:
+        stepper.tags["context_from"] = filled.filled_by
     stepper.prefilled_context_digest = context_digest(stepper)  # what verification finds the context intact against
+    # what the job hands the next one with its cache, where verification keeps it (verify.keep_or_release)
+    stepper.context_offer = (phases["prefill_tokens_per_s"], filled.filled_by if filled is not None else cfg.label)
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None
@@ -199,6 +210,22 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     if pace_ms is not None:
         phases["warmup_pace_ms"] = pace_ms  # ms a step over the warm-up's second half: what sizes a timed block
     return stepper, warm_tokens, kept
+
+
+def adopt_or_prefill(model, stepper, prompt: torch.Tensor) -> kept_context.Filled | None:
+    """Prefill the stepper's context, or, where its cache is the one an earlier job kept and that job's prefill
+    read this very prompt with these weights, prefill attention, rows, capacity and dtype (context_fills), decode
+    from it as the prefill would have left it: the same context, the same first token. A kept context whose slots
+    no longer sum to what they summed to when it was kept, or a stepper with a test's fault (which may act in its
+    prefill), prefills. Returns the kept context it took, or None."""
+    filled = None if isinstance(stepper, mutations.MutatedStepper) else kept_context.taken_with(stepper.cache)
+    if filled is not None and filled.serves(context_fills(model, stepper), pad_rows(prompt, stepper.rows)):
+        stepper.context_len, stepper.first_ids = filled.context_len, filled.first_ids
+        stepper.rewind()
+        if torch.equal(context_digest(stepper), filled.digest):
+            return filled
+    stepper.restart(prompt)
+    return None
 
 
 def _speed_of_light(arch: dict, cfg: RunConfig, steps: int, device: torch.device, median_ms: float, tags: dict,
@@ -259,7 +286,11 @@ class MemoryProbe:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-            self.baseline = torch.cuda.memory_allocated(device)
+            self.baseline = self._allocated()
+
+    def _allocated(self) -> int:
+        """The bytes allocated on the device, less the cache kept from one job for the next (kept_context)."""
+        return torch.cuda.memory_allocated(self.device) - kept_context.kept_bytes()
 
     def after_release(self) -> dict[str, float]:
         if self.device.type != "cuda":
@@ -269,6 +300,6 @@ class MemoryProbe:
         # cuBLAS keeps a workspace per stream in the caching allocator and never gives it back itself
         getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
         torch.cuda.empty_cache()
-        leaked = torch.cuda.memory_allocated(self.device) - self.baseline
+        leaked = self._allocated() - self.baseline
         return {"mem_baseline_mb": self.baseline / MiB, "mem_leaked_mb": leaked / MiB,
                 "mem_returned_to_baseline": float(leaked <= 0)}

@@ -20,12 +20,15 @@ a sweep, graphed's check reuses eager's.
   against fp32, and a token may differ from fp32's only where fp32's top-2 logits are closer than twice the
   measured error. The fp32 decode starts from the run's own context K/V, upcast (no fp32 prefill), in a cache
   of its own (twice the bytes): it checks as many rows as half the free memory holds, up to FP32_TOKENS of
-  context (`fp32_rows_checked`), after the run's cache is freed, and takes every step's logits from forwards over
+  context (`fp32_rows_checked`), beside the run's cache where they fit there, else after it is freed, and takes
+  every step's logits from forwards over
   the run's tokens (teacher forcing), not a step at a time; plain eager's decode, the bound's unit, takes those
   rows' context K/V as they are, in a cache of its own, and decodes step by step as the run does.
 - The context itself: every reference decodes from it, so it is checked against a digest taken after the
   prefill and kept apart (each slot's K/V summed per layer, `context_digest`), which must be unchanged after the timed
-  blocks and the free run.
+  blocks and the free run. A run that passed, its context as the prefill left it, hands its cache to the next job
+  of the sweep (harness/modes/kept_context.py): where that job would prefill the very same context, it decodes
+  from this one.
 """
 from __future__ import annotations
 
@@ -34,10 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.kernels import attention_spec
-from harness.modes.base import CACHE_KWARG, kv_heads_and_dim, prefill_chunk
+from harness.kernels import ATTENTION, attention_spec
+from harness.modes import kept_context
+from harness.modes.base import CACHE_KWARG, kv_heads_and_dim, pad_rows, prefill_chunk
 from harness.modes.eager import EagerStepper
-from harness.measure import references
+from harness.measure import mutations, references
 from harness.measure.stats import paired_mean_interval
 from harness.measure.timing import advance, calls_for
 
@@ -92,8 +96,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
            loop: LoopReference | None = None) -> tuple[dict, str | None]:
     """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
     `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them;
-    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference). The stepper's cache is
-    freed at the end: verification is a job's last use of it."""
+    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference). Verification is a job's
+    last use of the stepper's cache: it is freed at the end, or kept for the next job (keep_or_release)."""
     metrics, applied = {}, []
     stepper.rewind()
     failure = _rewound_to_the_context(stepper, prompt.shape[1])
@@ -115,13 +119,36 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
         failure = failure or _against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
     if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics)):
         failure = failure or plan
-    stepper.release()
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
                               f"{stepper.tokens_per_step} tokens a call without showing each, so fp32's "
                               f"teacher-forced decode cannot follow it")
     metrics.update(verified=float(failure is None), checks_applied=float(len(applied)), verified_steps=float(steps))
+    keep_or_release(model, prompt, stepper, failure)
     return metrics, failure
+
+
+def context_fills(model, stepper) -> tuple:
+    """What decides a stepper's context K/V besides its prompt: the model's weights, the attention its prefill
+    runs (AttentionSpec.prefill: SDPA for every backend that decodes with its own kernels), and the cache's rows,
+    capacity and dtype. Two jobs with the same, and the same prompt, prefill the very same context."""
+    attn = model.config._attn_implementation
+    prefill = ATTENTION[attn].prefill if attn in ATTENTION else attn  # a backend the registry does not know: its own
+    return references.weights_key(model), prefill, stepper.rows, stepper.cache_len, str(stepper.cache.layers[0].keys.dtype)
+
+
+def keep_or_release(model, prompt, stepper, failure: str | None) -> None:
+    """Hand the run's cache to the next job of the sweep (kept_context), where the job offered it (the stepper's
+    `context_offer`, set after its prefill), the run passed, no test's fault acted in it, and its context still
+    sums slot by slot to what the prefill left; else free it."""
+    offer = getattr(stepper, "context_offer", None)
+    cache = None if isinstance(stepper, mutations.MutatedStepper) else stepper.cache
+    if (offer is not None and failure is None and cache is not None and cache.layers[0].keys is not None
+            and torch.equal(digest := context_digest(stepper), stepper.prefilled_context_digest)):
+        fills = context_fills(model, stepper)
+        kept_context.keep(kept_context.Filled(stepper.hand_over_cache(), fills, pad_rows(prompt, stepper.rows),
+                                              stepper.first_ids, digest, *offer))
+    stepper.release()
 
 
 def verified_steps(attn: str, context_len: int, cache_len: int) -> int:
@@ -435,7 +462,8 @@ def _every_token_against_fp32(every_step: torch.Tensor, tokens: torch.Tensor, to
 @dataclass
 class ContextCopy:
     """The run's context K/V per layer [rows, kv_heads, context, head_dim] and first tokens, for the rows fp32
-    checks: copied before the run's cache is freed, so that as many rows as half the free memory holds fit."""
+    checks: views of the run's cache, or copied before it is freed, so that as many rows as half the free memory
+    holds fit."""
 
     prefix: list[tuple[torch.Tensor, torch.Tensor]]
     first_ids: torch.Tensor
@@ -443,7 +471,12 @@ class ContextCopy:
 
 
 def _context_copy(model, stepper) -> ContextCopy:
+    """The context of the rows fp32 checks: views of the run's cache where as many rows fit beside it as without it
+    (the cache then stays whole, for the next job: keep_or_release), else a copy, and the cache freed."""
     ctx, most = stepper.context_len, _fp32_rows_at_most(stepper)
+    if _fp32_rows(model, stepper) == most:
+        prefix = [(layer.keys[:most, :, :ctx], layer.values[:most, :, :ctx]) for layer in stepper.cache.layers]
+        return ContextCopy(prefix, stepper.first_ids[:most], most)
     prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
     first_ids = stepper.first_ids[:most]
     stepper.release()

@@ -17,6 +17,8 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.masking_utils import create_causal_mask
 
+from harness.modes import kept_context
+
 # The keyword that hands a model its KV cache: `cache` in the transformers releases that deprecate
 # `past_key_values` (5.23 on; it goes in 5.40), `past_key_values` before (5.17 on the H200). The models of
 # every family and the masking functions took the rename in one release, so one signature tells.
@@ -109,7 +111,12 @@ def kv_heads_and_dim(config) -> tuple[int, int]:
 def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torch.device,
                  dtype: torch.dtype | None = None) -> StaticCache:
     """A StaticCache with its K/V allocated now, so that no graph pool ever holds it; in the model's dtype
-    unless told (an fp32 reference of a bf16 model)."""
+    unless told (an fp32 reference of a bf16 model). The cache an earlier job kept, where it has this size
+    (harness/modes/kept_context.py): the job may then decode from its context instead of prefilling it again."""
+    kv_heads, head_dim = kv_heads_and_dim(model.config)
+    shape = (rows, kv_heads, cache_len, head_dim)
+    if (kept := kept_context.cache_for(model.config.num_hidden_layers, shape, dtype or model.dtype, device)) is not None:
+        return kept
     cache = StaticCache(config=model.config, max_cache_len=cache_len)
     cache.early_initialization(rows, *kv_heads_and_dim(model.config), dtype or model.dtype, device)
     return cache
@@ -166,9 +173,16 @@ class Stepper:
         self.static_ids.copy_(self.first_ids)
 
     def release(self) -> None:
-        """Free the cache (a stepper that will not step again), so that a check can allocate its own."""
-        for layer in self.cache.layers:
+        """Free the cache (a stepper that will not step again), so that a check can allocate its own; a cache
+        handed to the next job (hand_over_cache) stays whole."""
+        for layer in self.cache.layers if self.cache is not None else ():
             layer.keys = layer.values = None
+
+    def hand_over_cache(self) -> StaticCache:
+        """The stepper's cache, whole, for another owner (the next job: harness/modes/kept_context.py); release()
+        then frees everything of the stepper's but it."""
+        cache, self.cache = self.cache, None
+        return cache
 
     def forward(self) -> torch.Tensor:
         """One eager decode step of every row the stepper holds."""

@@ -2,7 +2,8 @@
 
 BasicSweeper composes every job before launching any, and one bad value (`mode=eager,bogus`)
 aborts the whole sweep. This sweeper records such a job as FAILED with Hydra's own error and
-launches the rest. It also orders jobs by model (in_run_order), so a process builds each model once.
+launches the rest. It also orders jobs by model, then by the context they fill (in_run_order), so a process builds
+each model once and a job can decode from the context the one before it filled.
 """
 # No `from __future__ import annotations` here: Hydra imports plugin modules by path, outside
 # sys.modules, and dataclasses then cannot resolve string annotations.
