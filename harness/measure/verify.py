@@ -312,15 +312,17 @@ def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Ten
     where its greedy tokens were the loop's), eager fed the loop's tokens is, over its first steps, eager fed the
     free run's: one decode gives the token check its gaps and the lockstep its first reference, where two would
     compute the same steps twice. Where the loop was plain eager, that decode is the loop itself: its kept logits
-    serve, and no eager step is taken again (the free run, a second eager decode, still measures eager against
-    itself)."""
+    serve, and no eager step is taken again. The free run, which followed the loop's tokens, is then a second eager
+    decode fed them in the same cache, the very pass that measures eager's variation against the first: it is kept
+    as that pass, where a third decode would compute the same steps again."""
     steps = run.tokens.shape[0]
     if loop is not None:
         shape = references.shape_of(model, stepper)
         references.put("gaps", shape, [prompt, stepper.first_ids, decoded], 0, loop.gaps, computed=False)
         if loop.logits.shape[0] == steps and torch.equal(decoded[:steps], run.tokens):
-            references.put("forced", shape, [prompt, stepper.first_ids, run.tokens], 0, Trace(loop.logits, run.tokens),
-                           computed=False)
+            inputs = [prompt, stepper.first_ids, run.tokens]
+            references.put("forced", shape, inputs, 0, Trace(loop.logits, run.tokens), computed=False)
+            references.put("forced", shape, inputs, 1, run, computed=False)
         return
     if stepper.tokens_per_step != 1 or decoded.shape[0] < steps or not torch.equal(decoded[:steps], run.tokens):
         return

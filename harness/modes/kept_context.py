@@ -89,9 +89,14 @@ def forget_taken() -> None:
 
 
 def kept_bytes() -> int:
-    """The GPU memory the kept cache holds (the jobs' memory probes leave it out of their baselines)."""
-    return sum(t.numel() * t.element_size() for f in _kept for layer in f.cache.layers
-               for t in (layer.keys, layer.values) if t is not None)
+    """The device memory the kept context holds (its cache, prompt, first token and digest), as the caching allocator
+    counts it (each storage rounded up to its 512-byte blocks): the jobs' memory probes leave it out."""
+    storages = {}
+    for filled in _kept:
+        tensors = [t for layer in filled.cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        for t in (*tensors, filled.prompt, filled.first_ids, filled.digest):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(-(-size // 512) * 512 for size in storages.values())
 
 
 def drop() -> None:
