@@ -41,7 +41,7 @@ class AttentionSpec:
     # The attention a prefill (more than one query token) runs: the backends that decode with their own kernels
     # prefill through transformers' SDPA and its mask (harness/kernels/attention.py, _prefill_or), so one context
     # K/V serves each of them, and the next job of a sweep may decode from the one an earlier job filled
-    # (harness/measure/contexts.py)
+    # (harness/modes/kept_context.py)
     prefill: str = "sdpa"
 
     def slots_planned(self, position: int, slots: int, device) -> int | None:

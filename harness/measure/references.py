@@ -9,7 +9,9 @@ tokens, another first token) computes its own and replaces them. The keys are co
 
 A reference from another job is no weaker than one computed in the run's own cache: it decodes the same prompt
 after another job's prefill, so a prefill of the run's own that went wrong shows, where a reference sharing the
-run's cache would share the fault.
+run's cache would share the fault. Where the run decodes from the context that other job filled (handed over with
+its cache: harness/modes/kept_context.py), it ran no prefill of its own, and both decode from that one context,
+which the hand-over checks (the prompt and what else decides it, and its slot sums).
 """
 from __future__ import annotations
 

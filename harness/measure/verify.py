@@ -21,8 +21,8 @@ a sweep, graphed's check reuses eager's.
   measured error. The fp32 decode starts from the run's own context K/V, upcast (no fp32 prefill), in a cache
   of its own (twice the bytes): it checks as many rows as half the free memory holds, up to FP32_TOKENS of
   context (`fp32_rows_checked`), beside the run's cache where they fit there, else after it is freed, and takes
-  every step's logits from forwards over
-  the run's tokens (teacher forcing), not a step at a time; plain eager's decode, the bound's unit, takes those
+  every step's logits from forwards over the run's tokens (teacher forcing), not a step at a time; plain eager's
+  decode, the bound's unit, takes those
   rows' context K/V as they are, in a cache of its own, and decodes step by step as the run does.
 - The context itself: every reference decodes from it, so it is checked against a digest taken after the
   prefill and kept apart (each slot's K/V summed per layer, `context_digest`), which must be unchanged after the timed

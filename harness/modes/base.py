@@ -118,7 +118,7 @@ def static_cache(model: torch.nn.Module, rows: int, cache_len: int, device: torc
     if (kept := kept_context.cache_for(model.config.num_hidden_layers, shape, dtype or model.dtype, device)) is not None:
         return kept
     cache = StaticCache(config=model.config, max_cache_len=cache_len)
-    cache.early_initialization(rows, *kv_heads_and_dim(model.config), dtype or model.dtype, device)
+    cache.early_initialization(rows, kv_heads, head_dim, dtype or model.dtype, device)
     return cache
 
 
