@@ -50,9 +50,14 @@ def get_model(cfg: ModelConfig, dtype: str, attn: str, device: torch.device, see
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     loaded = LoadedModel(model.eval(), weights, source, (time.perf_counter() - start) * 1e3)
-    model.harness_weights_key = key[:2] + key[3:]  # what its weights are (not its attention): references.shape_of
+    model.harness_weights_key = _weights_of(key)  # what its weights are (not its attention): references.shape_of
     _cache[key] = loaded
     return loaded
+
+
+def _weights_of(key: tuple) -> tuple:
+    """A get_model key less its attention backend: what decides the model's weights."""
+    return key[:2] + key[3:]
 
 
 def _make_room(key: tuple) -> None:
@@ -60,8 +65,7 @@ def _make_room(key: tuple) -> None:
     with one more of their size, take at most MODELS_KEPT_FRACTION of its memory. A context kept by an earlier job
     (harness/modes/kept_context.py) is freed with models of other weights only: the new model's jobs can decode
     from it."""
-    weights = key[:2] + key[3:]
-    if any(other[:2] + other[3:] != weights for other in _cache):
+    if any(_weights_of(other) != _weights_of(key) for other in _cache):
         release_models()
     elif _cache and torch.device(key[3]).type == "cuda":
         built = [sum(p.numel() * p.element_size() for p in hit.model.parameters()) for hit in _cache.values()]

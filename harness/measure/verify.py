@@ -476,10 +476,11 @@ def _context_copy(model, stepper) -> ContextCopy:
     """The context of the rows fp32 checks: views of the run's cache where as many rows fit beside it as without it
     (the cache then stays whole, for the next job: keep_or_release), else a copy, and the cache freed."""
     ctx, most = stepper.context_len, _fp32_rows_at_most(stepper)
+    views = [(layer.keys[:most, :, :ctx], layer.values[:most, :, :ctx]) for layer in stepper.cache.layers]
     if _fp32_rows(model, stepper) == most:
-        prefix = [(layer.keys[:most, :, :ctx], layer.values[:most, :, :ctx]) for layer in stepper.cache.layers]
-        return ContextCopy(prefix, stepper.first_ids[:most], most)
-    prefix = [(layer.keys[:most, :, :ctx].clone(), layer.values[:most, :, :ctx].clone()) for layer in stepper.cache.layers]
+        return ContextCopy(views, stepper.first_ids[:most], most)
+    prefix = [(keys.clone(), values.clone()) for keys, values in views]
+    views.clear()  # no view may keep the run's cache, freed below
     first_ids = stepper.first_ids[:most]
     stepper.release()
     rows = _fp32_rows(model, stepper)

@@ -11,7 +11,7 @@ into the taken cache as into a new one. One context is kept at most, between two
 of another size frees it first.
 
 What a context is kept with and judged by (its digest, the conditions to keep one) is the measurement's:
-harness/measure/job.py (`adopt_or_prefill`) and harness/measure/verify.py (`keep_context`).
+harness/measure/job.py (`adopt_or_prefill`) and harness/measure/verify.py (`keep_or_release`).
 """
 from __future__ import annotations
 
@@ -41,12 +41,11 @@ class Filled:
 
     def serves(self, fills: tuple, prompt: torch.Tensor) -> bool:
         """Whether a prefill with these `fills` of this (padded) prompt would compute this very context."""
-        return (self.fills == fills and self.prompt.shape == prompt.shape and self.prompt.device == prompt.device
-                and torch.equal(self.prompt, prompt))
+        return self.fills == fills and self.prompt.device == prompt.device and torch.equal(self.prompt, prompt)
 
 
 _kept: list[Filled] = []  # at most one, from a job's end to the next one's stepper
-_taken: dict[int, Filled] = {}  # a taken cache's context, by the cache's id, until its stepper prefills
+_taken: list[Filled] = []  # at most one: the taken cache's context, until its stepper prefills
 
 
 def keep(filled: Filled) -> None:
@@ -73,14 +72,13 @@ def cache_for(layers: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
     _kept.clear()
     for each in filled.cache.layers:
         each.cumulative_length.fill_(filled.context_len)
-    _taken[id(filled.cache)] = filled
+    _taken.append(filled)
     return filled.cache
 
 
 def taken_with(cache: StaticCache) -> Filled | None:
     """The context the cache held when a stepper took it (once: a second ask, after a prefill, gets None)."""
-    filled = _taken.pop(id(cache), None)
-    return filled if filled is not None and filled.cache is cache else None
+    return _taken.pop() if _taken and _taken[0].cache is cache else None
 
 
 def forget_taken() -> None:
