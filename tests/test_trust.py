@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 from harness.cli import commands as cli
 from harness.store.redact import redact
-from tests.support import FAST, QUICK_STORE, REPO, free_port, harness_env, run_harness, runs_by_kind, stop_group, store, wait_for_http
+from tests.support import FAST, compose_cfg, QUICK_STORE, REPO, free_port, harness_env, run_harness, runs_by_kind, stop_group, store, wait_for_http
 
 pytestmark = pytest.mark.e2e  # real subprocesses of the CLI: run with `-m e2e`, left out of `-m "not e2e"`
 
@@ -106,6 +107,38 @@ def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
     assert statuses == {"1": "FINISHED", "2": "KILLED"}
     for path in (workdir / "outputs").glob("**/result.json"):
         assert json.loads(path.read_text())["status"] in ("FINISHED", "KILLED")
+
+
+def test_a_sigterm_that_a_library_turned_into_another_error_still_ends_the_job_killed_and_stops_the_sweep(
+        workdir, monkeypatch):
+    """torch.compile catches the KeyboardInterrupt a signal raises inside its trace and raises BackendCompilerFailed
+    (with its dispatch modes half popped): the job must still end KILLED, and the sweep stop there, rather than count
+    one more failure and run the next jobs in a broken process."""
+    from harness.cli import interrupt, runner
+
+    def compile_that_swallows_the_interrupt(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's time limit, arriving mid-compile
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise RuntimeError("Attempted to unset ProxyTorchDispatchMode, but there wasn't one active.") from None
+        raise AssertionError("the signal never came")
+
+    monkeypatch.setattr(interrupt, "_RECEIVED", [])
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # pytest's own, put back below
+    monkeypatch.setattr(runner, "measure", compile_that_swallows_the_interrupt)
+    ctx = runner.JobContext(job_dir=workdir / "job", uri=f"sqlite:///{workdir}/mlflow.db", experiment="interrupted",
+                            parent=None)
+    try:
+        interrupt.install()
+        with pytest.raises(KeyboardInterrupt):
+            runner.execute(compose_cfg(*FAST, "device=cpu"), ctx)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    result = json.loads((workdir / "job" / "result.json").read_text())
+    assert result["status"] == "KILLED" and result["reason"] == "interrupted (SIGINT or SIGTERM)"
+    assert "ProxyTorchDispatchMode" in (workdir / "job" / "error.log").read_text()  # what the library raised, kept
 
 
 def test_sync_imports_what_an_unreachable_store_missed_exactly_once_and_names_a_corrupt_file(workdir):

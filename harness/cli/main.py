@@ -6,12 +6,11 @@ a sweep's from its sweep.json (written by the sweep callback, whichever launcher
 that ran no job (`--cfg job`, `--info`, `--help`) exits 0 unless Hydra itself refused it."""
 from __future__ import annotations
 
-import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from harness.cli import COMMANDS
+from harness.cli import COMMANDS, interrupt
 from harness.cli.sweep_file import take_status
 from harness.config.schema import CONF_DIR, ConfigError  # light: no torch before the checks
 from harness.config.validate import check_overrides
@@ -44,10 +43,6 @@ def usage() -> str:
                       f"named sweeps (+experiment=NAME): {', '.join(presets)} (conf/experiment/NAME.yaml says what each answers)",
                       f"modes (mode=NAME): {', '.join(MODES)}",
                       f"attention backends (attn=NAME): {', '.join(ATTENTION)}"])
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _version() -> str:
@@ -119,7 +114,7 @@ def run_hydra(argv: list[str]) -> int:
         finished.append(app.run_job(cfg))
         return finished[-1]  # a launcher that ran the job elsewhere gets its record back
 
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends runs KILLED, as Ctrl-C does
+    interrupt.install()  # SIGTERM ends runs KILLED, as Ctrl-C does, even where a library swallowed the interrupt
     take_status()  # a status left by an earlier process of this id (killed hard) is not this run's
     sys.argv = [sys.argv[0], *without_multirun_when_showing(argv)]  # Hydra reads its command line from sys.argv
     try:

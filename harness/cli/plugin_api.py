@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.cli.interrupt import on_signal  # a job process's SIGTERM ends its run KILLED, remembered
 from harness.cli.precheck import one_line  # Hydra's error on one line, as the command line gives it
 from harness.cli.sweep_file import update_sweep_file
 from harness.config.labels import in_run_order, varying_keys
@@ -39,4 +40,5 @@ def note_sweep_size(sweep_dir: Path, n_jobs: int, n_rejected: int, jobs: list[li
     update_sweep_file(sweep_dir, n_jobs=n_jobs, n_rejected=n_rejected, varying=varying_keys([list(j) for j in jobs]))
 
 
-__all__ = ["in_run_order", "note_sweep_size", "one_line", "outcome", "record_died", "record_rejected", "say"]
+__all__ = ["in_run_order", "note_sweep_size", "on_signal", "one_line", "outcome", "record_died", "record_rejected",
+           "say"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.cli import interrupt
 from harness.store import results, runlog, tracking
 from harness.config.schema import ConfigError, config_hash
 from harness.config.validate import to_run_config
@@ -50,8 +51,11 @@ def execute(cfg: DictConfig, ctx: JobContext) -> JobRecord:
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=False)
     record = new_record(config, ctx)
     progress = lambda msg: say(f"{ctx.progress} {record.label}: {msg}")  # noqa: E731
+    interrupts_before = interrupt.received()
     try:
         _run(cfg, ctx, record, progress)
+        if interrupt.received() > interrupts_before:  # caught inside a library and raised as another error
+            raise KeyboardInterrupt(interrupt.last())
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: record this job KILLED, then let the sweep stop
         with signals_held():  # a second Ctrl-C must not cut the record short
             record.status, record.reason = "KILLED", "interrupted (SIGINT or SIGTERM)"

@@ -59,10 +59,9 @@ class GpuPoolLauncher(BaseSubmititLauncher):
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         """In the job's own process: SIGTERM (Ctrl-C's cancel, a timeout) ends the job KILLED, as in a sweep."""
-        def interrupt(signum, frame):
-            raise KeyboardInterrupt(signal.Signals(signum).name)
+        from harness.cli.plugin_api import on_signal
 
-        signal.signal(signal.SIGTERM, interrupt)
+        signal.signal(signal.SIGTERM, on_signal)
         return super().__call__(*args, **kwargs)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
