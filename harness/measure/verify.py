@@ -339,7 +339,9 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
     or rank it within the tie tolerance of its best: TIE_TOLERANCE, or, where eager varies more than half that
     (bs=8 and 32 on the H200), twice eager's own variation: the logit variation the lockstep measured already (in
-    this job, or an earlier one of the same shape and prompt), else a second eager pass over the same history."""
+    this job, or an earlier one of the same shape and prompt), else a second eager pass over the same history, and,
+    before the run fails, RECHECKS more (the MoE's eager at bs=8 varied by 0.125 between two passes and by up to 0.25
+    in other jobs: a tie of 0.28 failed a graph that matched eager bit for bit over the lockstep's 32 steps)."""
     shape, inputs = references.shape_of(model, stepper), [prompt, stepper.first_ids, decoded]
 
     def gaps(index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -354,9 +356,12 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
         if references.from_earlier_job("gaps"):  # as in _exact: both passes in one cache, or it is not eager's variation
             references.drop("gaps")
             gap, chosen, best = gaps(0)
-        _, chosen_again, best_again = gaps(1)
-        own = max(_max_diff(chosen, chosen_again), _max_diff(best, best_again))
-        tolerance = max(tolerance, 2 * own)
+        for index in range(1, 2 + RECHECKS):  # as in _exact: two passes may agree by chance where eager varies
+            _, chosen_again, best_again = gaps(index)
+            own = max(own, _max_diff(chosen, chosen_again), _max_diff(best, best_again))
+            tolerance = max(TIE_TOLERANCE, 2 * own)
+            if bool((gap <= tolerance).all()):
+                break
     bad = gap > tolerance
     wrong = int(bad.sum())
     metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
