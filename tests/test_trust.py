@@ -109,6 +109,24 @@ def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
         assert json.loads(path.read_text())["status"] in ("FINISHED", "KILLED")
 
 
+def test_sigterm_ends_a_rerun_killed_as_it_ends_a_sweep(workdir):
+    assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir).returncode == 0
+    _, (parent,), _ = runs_by_kind(store(workdir))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "rerun", parent.info.run_id, "decode_tokens=1000",
+                             "cache_len=1100"], cwd=workdir, env=harness_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # the rerun's first job decodes: a scheduler's time limit comes
+        if "rerun 1/2" in line and ": decode" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "[harness] interrupted" in err and "Traceback" not in err
+    _, parents, children = runs_by_kind(store(workdir))
+    rerun_parent = next(p for p in parents if p.data.tags.get("rerun_of") == parent.info.run_id)
+    reruns = [c for c in children if c.data.tags["mlflow.parentRunId"] == rerun_parent.info.run_id]
+    assert rerun_parent.info.status == "KILLED" and [c.info.status for c in reruns] == ["KILLED"]  # the second never ran
+
+
 def test_a_sigterm_that_a_library_turned_into_another_error_still_ends_the_job_killed_and_stops_the_sweep(
         workdir, monkeypatch):
     """torch.compile catches the KeyboardInterrupt a signal raises inside its trace and raises BackendCompilerFailed

@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and (argv[0] in COMMANDS or argv[0].startswith("--tracking-uri")):
         from harness.cli import commands
 
-        return commands.main(argv)
+        try:
+            return commands.main(argv)
+        except KeyboardInterrupt:  # a rerun's job recorded itself KILLED, and its parent
+            print("[harness] interrupted", file=sys.stderr)
+            return 130
     try:
         check_overrides(argv)
         # (a saved config, --config-path/--config-name, is validated as the job starts: its keys are not conf/'s)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness.cli import interrupt
 from harness.store import tracking
 from harness.config.schema import ConfigError
 from harness.record import JobRecord, exit_code, failure_summary
@@ -17,6 +18,7 @@ from harness.config.validate import check_overrides, model_preset, to_run_config
 def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
     from harness.cli.runner import JobContext, execute  # torch and transformers: only when it runs
 
+    interrupt.install()  # a scheduler's SIGTERM ends the job running KILLED, and the rerun there, as in a sweep
     if malformed := [o for o in overrides if "=" not in o.lstrip("=")]:
         raise ConfigError(f"{malformed[0]!r} is not KEY=VALUE (e.g. decode_tokens=512)")
     check_overrides(overrides)
