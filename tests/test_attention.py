@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from harness.kernels import attention
@@ -59,6 +60,34 @@ def test_each_backend_decodes_as_transformers_sdpa_does(attn, gqa_decode, monkey
         assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
     # sdpa-gqa's decode steps read the 2 KV heads as they are: never expanded to the 4 query heads
     assert key_heads == ([2] * 6 * plain.config.num_hidden_layers if attn == "sdpa-gqa" else [])
+
+
+def test_sdpa_nocudnn_holds_its_decode_steps_off_cudnn_and_computes_what_sdpa_does(monkeypatch):
+    """Its decode steps' SDPA may dispatch anywhere but to cuDNN's attention (whose results vary between calls
+    on the H200); its prefill is transformers' as dispatched, so that its context is sdpa's; and each decode
+    step's logits are sdpa's."""
+    plain, ours = _tiny("sdpa"), _tiny("sdpa-nocudnn")
+    prompt = seeded_prompt(2, 8, plain.config.vocab_size, 0, CPU)
+    tokens = [torch.randint(0, plain.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(i))
+              for i in range(6)]
+    allowed, sdpa = [], attention.sdpa_attention_forward  # (query tokens, the kernels torch may pick) a call
+
+    def spy(module, query, *args, **kwargs):
+        allowed.append((query.shape[2], set(_cur_sdpa_kernel_backends())))
+        return sdpa(module, query, *args, **kwargs)
+
+    with torch.inference_mode():
+        expected = _forced_logits(EagerStepper(plain, prompt, 128), tokens)
+        monkeypatch.setattr(attention, "sdpa_attention_forward", spy)
+        got = _forced_logits(EagerStepper(ours, prompt, 128), tokens)
+    for a, b in zip(expected, got):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+    layers = plain.config.num_hidden_layers
+    decode = [kernels for query_tokens, kernels in allowed if query_tokens == 1]
+    prefill = [kernels for query_tokens, kernels in allowed if query_tokens > 1]
+    assert len(decode) == 6 * layers and len(prefill) == layers
+    assert all(SDPBackend.CUDNN_ATTENTION not in k and SDPBackend.EFFICIENT_ATTENTION in k for k in decode)
+    assert all(SDPBackend.CUDNN_ATTENTION in k for k in prefill)
 
 
 @pytest.mark.parametrize("position", [0, 5, 127, 128, 200, 255])

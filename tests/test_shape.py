@@ -54,7 +54,7 @@ def test_a_new_attention_backend_is_one_function_and_one_registry_line(monkeypat
     record.measured(result)
     assert "| eager throwaway |" in table_markdown([row_of(record)]).splitlines()[0]
     monkeypatch.delitem(ATTENTION, "throwaway")
-    with pytest.raises(ConfigError, match="attn=throwaway is invalid: use one of sdpa, sdpa-gqa, flex, triton-decode, eager"):
+    with pytest.raises(ConfigError, match="attn=throwaway is invalid: use one of sdpa, sdpa-gqa, sdpa-nocudnn, flex, triton-decode, eager"):
         run_config(*FAST, "attn=throwaway")
 
 

@@ -62,6 +62,10 @@ TRITON_DECODE_BLOCK = 64  # slots per step of triton-decode's loop (its BLOCK_N)
 
 register(AttentionSpec("sdpa", EVERY_SLOT_REPEATED, reference=True))
 register(AttentionSpec("sdpa-gqa", EVERY_SLOT, setup="harness.kernels.attention:use_sdpa_gqa"))
+# transformers' sdpa with torch's dispatch held off cuDNN's attention at decode: the same computation (its fp32
+# run, the reference's, never took cuDNN's kernel), one that reproduces itself bit for bit
+register(AttentionSpec("sdpa-nocudnn", EVERY_SLOT_REPEATED, setup="harness.kernels.attention:use_sdpa_nocudnn",
+                       reference=True))
 register(AttentionSpec("flex", VALID_PREFIX, setup="harness.kernels.attention:use_flex", block=FLEX_BLOCK,
                        cache_in_blocks=True, edge=FLEX_BLOCK, read_plan="harness.kernels.attention:flex_slots_planned"))
 register(AttentionSpec("triton-decode", VALID_PREFIX, setup="harness.kernels.attention:use_triton_decode",

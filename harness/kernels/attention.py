@@ -7,6 +7,9 @@ model is built with it.
   query heads by repeat_kv and SDPA attends over every slot of the cache, valid or empty.
 - `sdpa-gqa`: SDPA on the KV heads, no expansion (GQA_DECODE picks the faster of two ways, measured on the
   H200 in docs/benchmarks.md); still every slot of the cache, masked.
+- `sdpa-nocudnn`: transformers' path, its decode steps with torch's SDPA held off cuDNN's attention kernel, whose
+  results vary from call to call on the H200 at bs 8 and 32: the memory-efficient kernel runs instead (flash refuses
+  the mask), and eager reproduces itself bit for bit, so a graph's check needs one eager pass, not two to four.
 - `flex`: flex_attention with a block mask cut at the query's position, so it reads only the valid
   prefix. The position stays on the device (the step's position_ids), so a step has no host sync and can be
   captured in a CUDA graph. On a GPU it runs compiled (Inductor's flex-decoding kernel); on a CPU it runs
@@ -21,6 +24,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -51,6 +55,19 @@ def packed_rows_attention(module, query, key, value, attention_mask, scaling=Non
 
 
 GQA_DECODE = enable_gqa_attention  # attn=sdpa-gqa: the faster of the two on the H200 (docs/benchmarks.md)
+
+# torch's SDPA kernels whose forward gives the same bits every call: all but cuDNN's (benchmarks/eager_variation.py
+# on the H200: cuDNN's passes 0.22-0.36 apart over the same tokens, the memory-efficient kernel's and math's 0)
+REPRODUCIBLE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_without_cudnn(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """transformers' SDPA attention, a decode step's held to REPRODUCIBLE_SDPA. A prefill runs as dispatched: every
+    pass of a check decodes from the one context it filled, and that context serves the `sdpa` jobs too."""
+    if query.shape[2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    with sdpa_kernel(REPRODUCIBLE_SDPA):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 
 def decode_block_mask(position, slots: int, device):
@@ -89,6 +106,11 @@ flex_attention = BlockMask = flex_decode_op = None  # set by use_flex()
 def use_sdpa_gqa(device: torch.device) -> None:
     AttentionInterface.register("sdpa-gqa", lambda *a, **kw: GQA_DECODE(*a, **kw))
     AttentionMaskInterface.register("sdpa-gqa", sdpa_mask)
+
+
+def use_sdpa_nocudnn(device: torch.device) -> None:
+    AttentionInterface.register("sdpa-nocudnn", sdpa_without_cudnn)
+    AttentionMaskInterface.register("sdpa-nocudnn", sdpa_mask)
 
 
 def use_flex(device: torch.device) -> None:
