@@ -2,17 +2,47 @@
 # On the H200 (the `device` tool, which reaches no package index): install the wheelhouse carried in .whl/,
 # then run the GPU tests and named sweeps (conf/experiment/*.yaml). Logs and outputs.tgz go to $OUT.
 #   bash benchmarks/h200.sh [tests] PRESET...        e.g.  bash benchmarks/h200.sh tests design-card
+# A step `cold:PRESET` runs only the preset's compiled jobs (mode=compiled), which fills the compile cache, so that
+# a later `PRESET` step is the preset warm. The compile cache lives in /tmp/harness-cache: the device copies the
+# work tree afresh for each call, and a cache inside it would be gone at the next one.
+#
+# A run longer than one call (10 minutes) goes detached: `--detach SECONDS STEP...` starts the steps in a process
+# of their own session (it outlives the call, as long as the machine is held), then reports for SECONDS and packs
+# what is done. A next call, within the machine's idle time, `--detach SECONDS` alone, waits on the same run:
+#   bash benchmarks/h200.sh --detach 560 cold:models models     # then, at once:  bash benchmarks/h200.sh --detach 560
 # A shell is needed only for the wheelhouse; each sweep is `python -m harness -m +experiment=PRESET`.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+RUN=/tmp/h200-run  # a detached run's steps, logs and progress
 out=${OUT:-.}
-for step in "$@"; do
-  if [ "$step" = tests ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
-  else
-    python3 -m harness -m "+experiment=$step" > "$out/$step.log" 2>&1
-    grep -v '^\[harness\]' "$out/$step.log" | tail -40
+if [ "${1:-}" = --detach ]; then
+  seconds=${2:?--detach SECONDS [STEP...]}; shift 2; started=$(date +%s)
+  if [ $# -gt 0 ] && ! pgrep -f "benchmarks/h200.sh --in-run" >/dev/null; then
+    rm -rf "$RUN" && mkdir -p "$RUN" && cp -r . "$RUN/tree" && rm -rf "$RUN/tree/.git"  # the tree of this call
+    (cd "$RUN/tree" && setsid nohup bash benchmarks/h200.sh --in-run "$@" > "$RUN/run.log" 2>&1 < /dev/null &)
   fi
+  while [ $(( $(date +%s) - started )) -lt "$seconds" ] && ! grep -q " all done" "$RUN/progress" 2>/dev/null; do
+    sleep 5
+  done
+  cat "$RUN/progress" 2>/dev/null; tail -20 "$RUN/run.log" 2>/dev/null
+  tar czf "$out/outputs.tgz" -C "$RUN" progress run.log $(cd "$RUN" && ls -d tree/outputs tree/mlruns tree/*.log 2>/dev/null)
+  exit 0
+fi
+in_run=false; [ "${1:-}" = --in-run ] && { in_run=true; out=.; shift; }
+note() { $in_run && echo "$(date -u +%T) $*" >> "$RUN/progress"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HARNESS_CACHE_DIR=${HARNESS_CACHE_DIR:-/tmp/harness-cache}
+for step in "$@"; do
+  note "start $step"
+  if [ "$step" = tests ]; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$out/gpu_tests.log" 2>&1; rc=$?
+    tail -5 "$out/gpu_tests.log"
+  else
+    preset=${step#cold:}; only=(); log="$out/$preset.log"
+    if [ "$step" != "$preset" ]; then only=(mode=compiled); log="$out/$preset-cold.log"; fi  # its compiled jobs alone
+    python3 -m harness -m "+experiment=$preset" "${only[@]}" > "$log" 2>&1; rc=$?
+    grep -v '^\[harness\]' "$log" | tail -40
+  fi
+  note "end $step (exit $rc)"
 done
-tar czf "$out/outputs.tgz" outputs mlruns
+note "all done"
+$in_run || tar czf "$out/outputs.tgz" outputs mlruns
