@@ -144,7 +144,7 @@ def test_a_backend_at_a_long_context_matches_eager_and_fp32(attn):
 
 def test_held_off_cudnn_eager_reproduces_itself_at_bs32_and_the_graph_decodes_its_very_loop():
     """attn=sdpa-nocudnn, the models preset's: at bs=32, where cuDNN's attention varies between eager passes (72 of
-    this job's 4416 loop tokens within a tie tolerance of 0.375 under plain sdpa, 2026-12-04), eager reproduces
+    this shape's 4416 loop tokens within a tie tolerance of 0.375 under plain sdpa, 2026-12-04), eager reproduces
     itself, so every token of the graphed loop is eager's choice outright, at TIE_TOLERANCE."""
     result = measure(run_config("model=qwen3-0.6b", "bs=32", "mode=graphed", "attn=sdpa-nocudnn", "repeats=1"))
     assert result.failure is None, result.failure
