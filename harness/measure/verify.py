@@ -33,6 +33,7 @@ a sweep, graphed's check reuses eager's.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -261,9 +262,9 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
     all, a second eager decode measures that variation, and before failing a run, up to RECHECKS more, until the
     variation measured covers the run's difference: where eager varies only now and then (cuDNN's attention, where
     torch's SDPA dispatches to it on the H200: benchmarks/eager_variation.py), two passes may agree by chance.
-    A variation an earlier job of the same
-    shape and prompt measured (the kernels' nondeterminism there, whatever tokens it fed) serves a run within twice
-    it; a run beyond is judged on variation measured again in its own cache."""
+    A variation an earlier job of the same shape and prompt measured (the kernels' nondeterminism there, whatever
+    tokens it fed) serves a run within twice it; a run beyond is judged on variation measured again in its own
+    cache."""
     k = stepper.tokens_per_step
     shape, inputs = references.shape_of(model, stepper, k), [prompt, stepper.first_ids, run.tokens]
 
@@ -282,11 +283,8 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
                 references.drop("forced")
                 first = eager(0)
                 diff = _max_diff(run.logits, first.logits)
-            own = _max_diff(eager(1).logits, first.logits)
-            for index in range(2, 2 + RECHECKS):  # stopping once eager's measured variation covers the run
-                if diff <= 2 * own:
-                    break
-                own = max(own, _max_diff(eager(index).logits, first.logits))
+            own = _eager_variation(lambda index: _max_diff(eager(index).logits, first.logits),
+                                   covers=lambda variation: diff <= 2 * variation)
             references.note_variation(shape, inputs[:2], own)
         metrics["eager_self_max_logit_diff"] = own
     metrics["max_logit_diff"] = diff
@@ -294,6 +292,18 @@ def _exact(model, prompt, stepper, run: Trace, metrics) -> str | None:
         return (f"logits differ from eager's (same kernels, {stepper.rows} rows) by up to {diff:.4g} over "
                 f"{run.tokens.shape[0]} steps, where eager differs from itself by {own:.4g}")
     return None
+
+
+def _eager_variation(apart: Callable[[int], float], covers: Callable[[float], bool]) -> float:
+    """Eager's own variation: how far its later passes land from its first (`apart(index)`), the second pass's and
+    then up to RECHECKS more, until the variation measured `covers` what is judged. Where eager varies only now and
+    then, two passes may agree by chance; a steady eager takes every pass before a run fails."""
+    variation = 0.0
+    for index in range(1, 2 + RECHECKS):
+        variation = max(variation, apart(index))
+        if covers(variation):
+            break
+    return variation
 
 
 def _variation_measured_before(shape, inputs, diff: float, eager, first: Trace, metrics) -> float | None:
@@ -359,12 +369,13 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
         if references.from_earlier_job("gaps"):  # as in _exact: both passes in one cache, or it is not eager's variation
             references.drop("gaps")
             gap, chosen, best = gaps(0)
-        for index in range(1, 2 + RECHECKS):  # as in _exact: two passes may agree by chance where eager varies
+
+        def apart(index: int) -> float:  # the index-th pass's logits of the chosen and best tokens against the first's
             _, chosen_again, best_again = gaps(index)
-            own = max(own, _max_diff(chosen, chosen_again), _max_diff(best, best_again))
-            tolerance = max(TIE_TOLERANCE, 2 * own)
-            if bool((gap <= tolerance).all()):
-                break
+            return max(_max_diff(chosen, chosen_again), _max_diff(best, best_again))
+
+        own = _eager_variation(apart, covers=lambda variation: bool((gap <= max(TIE_TOLERANCE, 2 * variation)).all()))
+        tolerance = max(TIE_TOLERANCE, 2 * own)
     bad = gap > tolerance
     wrong = int(bad.sum())
     metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
