@@ -20,8 +20,12 @@ if [ "${1:-}" = --detach ]; then
     rm -rf "$RUN" && mkdir -p "$RUN" && cp -r . "$RUN/tree" && rm -rf "$RUN/tree/.git"  # the tree of this call
     (cd "$RUN/tree" && setsid nohup bash benchmarks/h200.sh --in-run "$@" > "$RUN/run.log" 2>&1 < /dev/null &)
   fi
+  # A fresh machine (the last one went back when idle) has no run to wait on: say so at once, not after SECONDS.
+  [ -d "$RUN" ] || { echo "h200.sh: no detached run on this machine ($RUN is missing): it was started on one given back since"; exit 1; }
   while [ $(( $(date +%s) - started )) -lt "$seconds" ] && ! grep -q " all done" "$RUN/progress" 2>/dev/null; do
-    sleep 5
+    sleep 5  # first, so that a run started just now has exec'd before it is looked for
+    grep -q " all done" "$RUN/progress" 2>/dev/null || pgrep -f "benchmarks/h200.sh --in-run" >/dev/null ||
+      { echo "h200.sh: the detached run ended before it was all done"; break; }
   done
   cat "$RUN/progress" 2>/dev/null; tail -20 "$RUN/run.log" 2>/dev/null
   tar czf "$out/outputs.tgz" -C "$RUN" progress run.log $(cd "$RUN" && ls -d tree/outputs tree/mlruns tree/*.log 2>/dev/null)
