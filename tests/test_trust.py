@@ -127,6 +127,58 @@ def test_sigterm_ends_a_rerun_killed_as_it_ends_a_sweep(workdir):
     assert rerun_parent.info.status == "KILLED" and [c.info.status for c in reruns] == ["KILLED"]  # the second never ran
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended and not yet reaped by whoever adopted it, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The multiprocessing interpreters that process `pid` spawned (its resource tracker left out)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_sigterm_ends_an_ab_and_the_fresh_interpreter_timing_it(workdir):
+    """`harness ab --processes` times in a spawned interpreter. A scheduler's SIGTERM to the command must end that
+    interpreter too: left running, it held the GPU to the end of an A/B no one would read. Bugs caught: no handler
+    (the command dies at once with -15, its interpreter runs on), or a handler that waits for the interpreter."""
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "cache_len=512", "cache_len=1024", "model=tiny",
+                             "device=cpu", "warmup=2", "context_len=8", "decode_tokens=400", "--pairs", "200",
+                             "--processes", "2"], cwd=workdir, env=harness_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        for line in proc.stderr:  # the spawned interpreter times its blocks: a scheduler's time limit comes
+            if "ab: block 2/400" in line:
+                break
+        workers = _spawned_children(proc.pid)
+        assert len(workers) == 1
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "[harness] interrupted" in err
+        deadline = time.time() + 10
+        while _alive(workers[0]) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(workers[0]), "the A/B's interpreter outlived the command"
+    finally:  # a failed run leaves nothing behind to slow the tests after it
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+
+
 def test_a_sigterm_that_a_library_turned_into_another_error_still_ends_the_job_killed_and_stops_the_sweep(
         workdir, monkeypatch):
     """torch.compile catches the KeyboardInterrupt a signal raises inside its trace and raises BackendCompilerFailed

@@ -254,6 +254,7 @@ def report(uri: str, sweep_run_id: str | None, experiment: str, out: Path | None
 
 def _ab(uri: str, args) -> int:
     from harness.analysis import ab, compare  # torch and the measurement: only for this command
+    from harness.cli import interrupt
     from harness.cli.precheck import compose_single_run
     from harness.measure.job import JobError
 
@@ -262,6 +263,7 @@ def _ab(uri: str, args) -> int:
     if args.processes < 1:
         raise ConfigError(f"--processes={args.processes}: use at least 1")
     cfg_a, cfg_b = (compose_single_run([*args.overrides, *arm.split()]) for arm in (args.arm_a, args.arm_b))
+    interrupt.install()  # a scheduler's SIGTERM stops the A/B as Ctrl-C does, its fresh interpreters with it
     try:
         return ab.run(uri, args.experiment, cfg_a, cfg_b, args.pairs, compare.parse_threshold(args.threshold), args.out,
                       args.processes, args.fresh_compiles)

@@ -91,9 +91,8 @@ def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, proce
     for index in range(processes):
         on_phase(f"process {index + 1}/{processes}: starting a fresh interpreter"
                  + " with empty compile caches" * fresh_compiles)
-        with (compile_caches_of_its_own() if fresh_compiles else contextlib.nullcontext()), \
-                ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            blocks, prepared, env = pool.submit(_in_a_fresh_process, cfg_a, cfg_b, pairs).result()
+        with compile_caches_of_its_own() if fresh_compiles else contextlib.nullcontext():
+            blocks, prepared, env = _in_a_spawned_interpreter(cfg_a, cfg_b, pairs)
         for arm, its_blocks, (prepare_ms, how) in zip(arms, blocks, prepared):
             arm.blocks += [DecodeTiming(*block, tokens=torch.empty(0)) for block in its_blocks]
             arm.prepare_ms += prepare_ms
@@ -111,6 +110,21 @@ def compile_caches_of_its_own():
         # patch.dict gives the environment back as it was, the variables unset before unset again
         with mock.patch.dict(os.environ, {name: os.path.join(folder, sub) for name, sub in CACHE_VARIABLES.items()}):
             yield folder
+
+
+def _in_a_spawned_interpreter(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple[tuple, tuple, dict[str, str]]:
+    """_in_a_fresh_process in a fresh interpreter. Where this one stops waiting (Ctrl-C, a scheduler's SIGTERM, an
+    error), the interpreter is ended too: left alone, it would time its A/B to the end on the GPU, which no one
+    reads, and the pool's shutdown would wait for it."""
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return pool.submit(_in_a_fresh_process, cfg_a, cfg_b, pairs).result()
+    except BaseException:
+        for worker in multiprocessing.active_children():  # the pool's one worker: `harness ab` starts no other
+            worker.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple[tuple, tuple, dict[str, str]]:
