@@ -151,8 +151,9 @@ def _spawned_children(pid: int) -> list[int]:
 
 def test_sigterm_ends_an_ab_and_the_fresh_interpreter_timing_it(workdir):
     """`harness ab --processes` times in a spawned interpreter. A scheduler's SIGTERM to the command must end that
-    interpreter too: left running, it held the GPU to the end of an A/B no one would read. Bugs caught: no handler
-    (the command dies at once with -15, its interpreter runs on), or a handler that waits for the interpreter."""
+    interpreter too: left running, it held the GPU to the end of an A/B no one would read. Bugs caught, each seen
+    to fail it: no handler of ours (the command ran on, its interpreter with it), or one that waited for the
+    interpreter."""
     proc = subprocess.Popen([sys.executable, "-m", "harness", "ab", "cache_len=512", "cache_len=1024", "model=tiny",
                              "device=cpu", "warmup=2", "context_len=8", "decode_tokens=400", "--pairs", "200",
                              "--processes", "2"], cwd=workdir, env=harness_env(), stdout=subprocess.PIPE,
