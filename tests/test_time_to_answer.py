@@ -295,6 +295,28 @@ def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_fir
     assert cold["compile_cache_hit"] == 0.0 and cold["compile_graphs_compiled"] >= 1
     assert warm["compile_cache_hit"] == 1.0 and warm["compile_graphs_from_cache"] >= 1
     assert warm["verified"] == 1.0 and any((workdir / "cache" / "compile" / "inductor").rglob("*"))
+    # where each compile's time went: both traced the step; the warm one's backend read what the cold one built
+    for m in (cold, warm):
+        assert 0 < m["compile_trace_ms"] and 0 < m["compile_backend_ms"]
+        assert m["compile_trace_ms"] + m["compile_backend_ms"] <= m["compile_dynamo_ms"] <= m["compile_ms"]
+        assert m["compile_calls_ms"] == pytest.approx(m["compile_ms"] - m["compile_dynamo_ms"])
+    assert warm["compile_backend_ms"] < cold["compile_backend_ms"]
+
+
+def test_a_compile_phase_is_what_this_compile_added_and_a_timer_never_run_is_left_out():
+    """Dynamo's timers are the process's running sums: a job logs what its own compile added. Bugs caught: the
+    process's totals logged (a second job would show the first's compile), a timer this torch lacks logged as 0,
+    the calls' share not what is left of compile_ms."""
+    from harness.modes.compiled import phase_ms
+
+    before = {"_compile.compile_inner": 9.0, "bytecode_tracing": 2.0, "OutputGraph.call_user_compiler": 6.0}
+    after = {"_compile.compile_inner": 9.5, "bytecode_tracing": 2.25, "OutputGraph.call_user_compiler": 6.125,
+             "PyCodeCache.load_by_key_path": 0.0625}  # first needed by this compile
+    assert phase_ms(before, after, compile_ms=800.0) == {
+        "compile_dynamo_ms": 500.0, "compile_trace_ms": 250.0, "compile_backend_ms": 125.0,
+        "compile_code_load_ms": 62.5, "compile_calls_ms": 300.0}
+    assert phase_ms(after, after, compile_ms=2.0)["compile_trace_ms"] == 0.0  # compiled earlier: nothing added
+    assert phase_ms({}, {"bytecode_tracing": 1.0}, compile_ms=2000.0) == {"compile_trace_ms": 1000.0}
 
 
 @pytest.mark.parametrize("staging_bytes, mask_elements, forward_tokens", [(4 << 30, 1 << 28, 1 << 16), (1, 1 << 12, 1)])

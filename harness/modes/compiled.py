@@ -14,6 +14,14 @@ from harness.modes.base import DecodeMode, Stepper, forward_step
 # a compiled step's `compile_cache` tag where its process compiled nothing for it: Dynamo served code compiled before
 COMPILED_EARLIER = "in process: compiled by an earlier job"
 COMPILE_WARMUP = 3  # calls before timing: the first compiles, the next record CUDA graphs
+# Where a compile's time goes, from Dynamo's own timers (torch._dynamo.utils.compile_times: seconds, summed over the
+# process), each logged as what this job's compile added to it. A warm compile still traces and loads: only these
+# tell whether its seconds are Dynamo's trace, the backend (AOTAutograd and Inductor, compiling or reading their
+# caches), or the calls themselves (compile_calls_ms: running the steps, and recording their CUDA graphs).
+COMPILE_PHASES = {"compile_dynamo_ms": "_compile.compile_inner",  # the whole of Dynamo's compile, backend included
+                  "compile_trace_ms": "bytecode_tracing",  # Dynamo reading the step's Python into a graph
+                  "compile_backend_ms": "OutputGraph.call_user_compiler",  # AOTAutograd and Inductor
+                  "compile_code_load_ms": "PyCodeCache.load_by_key_path"}  # importing Inductor's generated modules
 _compiled: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -92,13 +100,14 @@ class CompiledStepper(Stepper):
     def compile(self, prompt: torch.Tensor) -> CompiledStepper:
         """Compile (or reuse this process's compiled step) and record its graphs; the caller prefills."""
         before = _graph_pool_bytes(prompt.device)
-        lookups = _fx_graph_cache_counts()
+        lookups, phases_before = _fx_graph_cache_counts(), compile_phase_seconds()
         start = time.perf_counter()
         for _ in range(COMPILE_WARMUP):
             self.step()
         torch.cuda.synchronize() if prompt.is_cuda else None
         self.metrics["compile_ms"] = (time.perf_counter() - start) * 1e3
         self._record_cache_use(lookups)
+        self.metrics.update(phase_ms(phases_before, compile_phase_seconds(), self.metrics["compile_ms"]))
         # the growth of the one pool that cudagraph trees share across the process's compiled graphs
         self.graph_bytes = _graph_pool_bytes(prompt.device) - before
         return self
@@ -156,6 +165,25 @@ def _fx_graph_cache_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return {k: int(counters["inductor"][k]) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+
+
+def compile_phase_seconds() -> dict[str, float]:
+    """Dynamo's running totals, in seconds, of the timers COMPILE_PHASES names (those this process has run)."""
+    from torch._dynamo.utils import compile_times
+
+    timers, totals = compile_times(repr="csv", aggregate=True)
+    return {timer: float(total) for timer, total in zip(timers, totals) if timer in COMPILE_PHASES.values()}
+
+
+def phase_ms(before: dict[str, float], after: dict[str, float], compile_ms: float) -> dict[str, float]:
+    """What a compile added to each phase's timer, in ms (0 where it did not need the phase: the step compiled
+    earlier in this process, or a cache served it), and compile_calls_ms, the rest of compile_ms. A timer that
+    this process has never run is left out, not logged as 0: this torch may not keep it at all."""
+    phases = {metric: (after[timer] - before.get(timer, 0.0)) * 1e3
+              for metric, timer in COMPILE_PHASES.items() if timer in after}
+    if "compile_dynamo_ms" in phases:
+        phases["compile_calls_ms"] = max(compile_ms - phases["compile_dynamo_ms"], 0.0)
+    return phases
 
 
 def _graph_pool_bytes(device: torch.device) -> int:
