@@ -14,9 +14,10 @@
 set -u
 RUN=/tmp/h200-run  # a detached run's steps, logs and progress
 out=${OUT:-.}
+running() { pgrep -f "benchmarks/h200.sh --in-run" >/dev/null; }  # whether a detached run's process is alive
 if [ "${1:-}" = --detach ]; then
   seconds=${2:?--detach SECONDS [STEP...]}; shift 2; started=$(date +%s)
-  if [ $# -gt 0 ] && ! pgrep -f "benchmarks/h200.sh --in-run" >/dev/null; then
+  if [ $# -gt 0 ] && ! running; then
     rm -rf "$RUN" && mkdir -p "$RUN" && cp -r . "$RUN/tree" && rm -rf "$RUN/tree/.git"  # the tree of this call
     (cd "$RUN/tree" && setsid nohup bash benchmarks/h200.sh --in-run "$@" > "$RUN/run.log" 2>&1 < /dev/null &)
   fi
@@ -24,7 +25,7 @@ if [ "${1:-}" = --detach ]; then
   [ -d "$RUN" ] || { echo "h200.sh: no detached run on this machine ($RUN is missing): it was started on one given back since"; exit 1; }
   while [ $(( $(date +%s) - started )) -lt "$seconds" ] && ! grep -q " all done" "$RUN/progress" 2>/dev/null; do
     sleep 5  # first, so that a run started just now has exec'd before it is looked for
-    grep -q " all done" "$RUN/progress" 2>/dev/null || pgrep -f "benchmarks/h200.sh --in-run" >/dev/null ||
+    grep -q " all done" "$RUN/progress" 2>/dev/null || running ||
       { echo "h200.sh: the detached run ended before it was all done"; break; }
   done
   cat "$RUN/progress" 2>/dev/null; tail -20 "$RUN/run.log" 2>/dev/null

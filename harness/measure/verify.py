@@ -348,6 +348,12 @@ def _one_pass_serves_both(model, prompt, stepper, run: Trace, decoded: torch.Ten
     references.put("gaps", shape, gaps_inputs, 0, tuple(gaps))
 
 
+def _tie_tolerance(eager_variation: float) -> float:
+    """How far below eager's best a decoded token may rank and still be a tie: TIE_TOLERANCE, or twice eager's own
+    variation where that is larger."""
+    return max(TIE_TOLERANCE, 2 * eager_variation)
+
+
 def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     """The loop's own tokens, judged teacher-forced: fed the same history, eager must pick each of them,
     or rank it within the tie tolerance of its best: TIE_TOLERANCE, or, where eager varies more than half that
@@ -363,8 +369,8 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     gap, chosen, best = gaps(0)
     tolerance, own = TIE_TOLERANCE, 0.0
     measured = metrics.get("eager_self_max_logit_diff") or references.variation(shape, inputs[:2]) or 0.0
-    if bool((gap > tolerance).any()) and bool((gap <= max(tolerance, 2 * measured)).all()):
-        own, tolerance = measured, max(tolerance, 2 * measured)  # every token within what eager's variation allows
+    if bool((gap > tolerance).any()) and bool((gap <= _tie_tolerance(measured)).all()):
+        own, tolerance = measured, _tie_tolerance(measured)  # every token within what eager's variation allows
     elif bool((gap > tolerance).any()):
         if references.from_earlier_job("gaps"):  # as in _exact: both passes in one cache, or it is not eager's variation
             references.drop("gaps")
@@ -374,8 +380,8 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
             _, chosen_again, best_again = gaps(index)
             return max(_max_diff(chosen, chosen_again), _max_diff(best, best_again))
 
-        own = _eager_variation(apart, covers=lambda variation: bool((gap <= max(TIE_TOLERANCE, 2 * variation)).all()))
-        tolerance = max(TIE_TOLERANCE, 2 * own)
+        own = _eager_variation(apart, covers=lambda variation: bool((gap <= _tie_tolerance(variation)).all()))
+        tolerance = _tie_tolerance(own)
     bad = gap > tolerance
     wrong = int(bad.sum())
     metrics.update(tokens_match=float(wrong == 0), decoded_tokens_checked=float(decoded.numel()),
