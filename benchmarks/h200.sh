@@ -10,6 +10,9 @@
 # of their own session (it outlives the call, as long as the machine is held), then reports for SECONDS and packs
 # what is done. A next call, within the machine's idle time, `--detach SECONDS` alone, waits on the same run:
 #   bash benchmarks/h200.sh --detach 560 cold:models models     # then, at once:  bash benchmarks/h200.sh --detach 560
+# The device may replace the machine between any two calls, even when the next call comes at once (seen on
+# 2026-12-04: the detached run and its cache were gone): keep a measurement inside one call where it fits, and
+# reach for --detach only where it cannot.
 # A shell is needed only for the wheelhouse; each sweep is `python -m harness -m +experiment=PRESET`.
 set -u
 RUN=/tmp/h200-run  # a detached run's steps, logs and progress
@@ -44,6 +47,7 @@ for step in "$@"; do
   else
     preset=${step#cold:}; only=(); log="$out/$preset.log"
     if [ "$step" != "$preset" ]; then only=(mode=compiled); log="$out/$preset-cold.log"; fi  # its compiled jobs alone
+    [ -e "$log" ] && log="${log%.log}-again.log"  # a preset run twice (cold, then warm) keeps both logs
     python3 -m harness -m "+experiment=$preset" "${only[@]}" > "$log" 2>&1; rc=$?
     grep -v '^\[harness\]' "$log" | tail -40
   fi
