@@ -58,6 +58,13 @@ class JobRecord:
     def ok(self) -> bool:
         return self.status in OK_STATUSES
 
+    @property
+    def wall_s(self) -> float | None:
+        """Seconds from the job's start to its end; None while it has no end (running, or killed unrecorded)."""
+        if not (self.started and self.ended):
+            return None
+        return (datetime.fromisoformat(self.ended) - datetime.fromisoformat(self.started)).total_seconds()
+
     def measured(self, m: Measurement) -> None:
         """Take a measurement's fields; a failure makes the record FAILED with it as the reason."""
         for f in fields(Measurement):

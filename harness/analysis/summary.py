@@ -109,11 +109,24 @@ PHASES = ("build_ms", "prefill_ms", "prepare_ms", "warmup_ms", "decode_wall_ms",
 
 
 def time_breakdown(results: list[JobRecord], wall_s: float | None = None) -> str:
-    """Where a sweep's time went, summed over its jobs."""
+    """Where a sweep's time went: each phase summed over its jobs; what the jobs spent outside those phases (the
+    memory check after a job, GPU readings, its figures computed: about a second a job on an H200, 0.2 s on a CPU,
+    the part to profile when it grows); and, given the sweep's wall, the time between jobs (each job's result
+    written and logged to the store after its end, the launcher's own), or the job walls where jobs ran side by
+    side (a GPU pool), whose sum then exceeds the wall."""
     totals = {p: sum(r.metrics.get(p, 0.0) for r in results) / 1e3 for p in PHASES}
     parts = ", ".join(f"{p.removesuffix('_ms').replace('_wall', '')} {s:.1f} s" for p, s in totals.items())
+    ended = [r for r in results if r.wall_s is not None]
+    in_jobs_s = sum(r.wall_s for r in ended)
+    if ended:
+        phases_s = sum(r.metrics.get(p, 0.0) for r in ended for p in PHASES) / 1e3
+        parts += f", outside these phases {max(in_jobs_s - phases_s, 0.0):.1f} s"
     head = f"sweep wall {wall_s:.1f} s; " if wall_s is not None else ""
-    return f"time: {head}in jobs: {parts}"
+    tail = ""
+    if wall_s is not None and ended:
+        tail = (f"; between jobs {wall_s - in_jobs_s:.1f} s" if in_jobs_s <= wall_s
+                else f"; {in_jobs_s:.1f} s of job walls, side by side")
+    return f"time: {head}in jobs: {parts}{tail}"
 
 
 def _short(text: str, width: int = 60) -> str:
