@@ -369,8 +369,9 @@ def _decoded_tokens(model, prompt, stepper, decoded, metrics) -> str | None:
     gap, chosen, best = gaps(0)
     tolerance, own = TIE_TOLERANCE, 0.0
     measured = metrics.get("eager_self_max_logit_diff") or references.variation(shape, inputs[:2]) or 0.0
-    if bool((gap > tolerance).any()) and bool((gap <= _tie_tolerance(measured)).all()):
-        own, tolerance = measured, _tie_tolerance(measured)  # every token within what eager's variation allows
+    widened = _tie_tolerance(measured)
+    if bool((gap > tolerance).any()) and bool((gap <= widened).all()):
+        own, tolerance = measured, widened  # every token within what eager's variation allows
     elif bool((gap > tolerance).any()):
         if references.from_earlier_job("gaps"):  # as in _exact: both passes in one cache, or it is not eager's variation
             references.drop("gaps")
