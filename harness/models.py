@@ -84,6 +84,7 @@ def release_models() -> None:
 
 def _free_built() -> None:
     _cache.clear()
+    gc.unfreeze()  # what jobs froze after their collections (measure.job.collect_this_jobs_garbage) is collectable again
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -25,6 +25,14 @@ def workdir(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def no_saved_compiled_steps(monkeypatch):
+    """No compiled step saved on disk by one test (or an earlier run of the suite) is loaded by another: a saved step
+    keeps no guard on the Python it traced, and some tests patch a model's computation in ways its key cannot see.
+    The tests of saved steps turn them on in a folder of their own (tests/test_saved_steps.py)."""
+    monkeypatch.setenv("HARNESS_SAVE_COMPILED_STEPS", "0")
+
+
+@pytest.fixture(autouse=True)
 def no_kept_references():
     """Each test starts without an earlier test's eager references or kept context: some tests patch a model's
     computation in ways their keys (weights, shape, inputs) cannot see; the tests of keeping them say so themselves."""

@@ -280,12 +280,13 @@ def test_a_kept_reference_is_used_only_for_the_very_same_inputs():
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_first_wrote(workdir):
-    """Two sweeps, two processes: the second's compile reads Inductor's FX graph cache under HARNESS_CACHE_DIR."""
+    """Two sweeps, two processes: the second's compile reads Inductor's FX graph cache under HARNESS_CACHE_DIR (with
+    the saved steps off; with them on, it loads the step itself: tests/test_saved_steps.py)."""
     import json
 
     from tests.support import run_harness
 
-    env = {"HARNESS_CACHE_DIR": str(workdir / "cache")}
+    env = {"HARNESS_CACHE_DIR": str(workdir / "cache"), "HARNESS_SAVE_COMPILED_STEPS": "0"}
     for sweep in ("cold", "warm"):
         (workdir / sweep).mkdir()
         done = run_harness(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", cwd=workdir / sweep, env=env)
@@ -315,16 +316,16 @@ def test_the_time_line_accounts_for_the_sweep_wall_phases_outside_them_and_betwe
                          ended=ended and f"2026-12-04T13:{ended}+00:00", metrics=phases_ms)
 
     one_after_another = [job("00:00.000", "00:10.000", decode_wall_ms=6000.0, verify_ms=1500.0),
-                         job("00:12.000", "00:20.500", prepare_ms=7000.0),
+                         job("00:12.000", "00:20.500", prepare_ms=7000.0, release_ms=500.0),
                          job("00:21.000", "", decode_wall_ms=900.0)]  # no end: in the phase sums, not the walls
     assert one_after_another[0].wall_s == 10.0 and one_after_another[2].wall_s is None
     line = time_breakdown(one_after_another, wall_s=25.0)
     assert line == ("time: sweep wall 25.0 s; in jobs: build 0.0 s, prefill 0.0 s, prepare 7.0 s, warmup 0.0 s, "
-                    "decode 6.9 s, verify 1.5 s, outside these phases 4.0 s; between jobs 6.5 s")
+                    "decode 6.9 s, verify 1.5 s, release 0.5 s, outside these phases 3.5 s; between jobs 6.5 s")
     side_by_side = [job("00:00.000", "00:10.000", decode_wall_ms=9000.0), job("00:01.000", "00:11.000")]
     assert time_breakdown(side_by_side, wall_s=12.0).endswith(
         "outside these phases 11.0 s; 20.0 s of job walls, side by side")
-    assert time_breakdown(one_after_another).endswith("outside these phases 4.0 s")  # no sweep wall: no gap
+    assert time_breakdown(one_after_another).endswith("outside these phases 3.5 s")  # no sweep wall: no gap
 
 
 def test_a_compile_phase_is_what_this_compile_added_and_a_timer_never_run_is_left_out():

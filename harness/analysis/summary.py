@@ -105,13 +105,13 @@ def table(results: list[JobRecord]) -> Table:
     return t
 
 
-PHASES = ("build_ms", "prefill_ms", "prepare_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
+# release: the memory check after a job (a GPU's only), its collection and the allocator's cache emptied
+PHASES = ("build_ms", "prefill_ms", "prepare_ms", "warmup_ms", "decode_wall_ms", "verify_ms", "release_ms")
 
 
 def time_breakdown(results: list[JobRecord], wall_s: float | None = None) -> str:
-    """Where a sweep's time went: each phase summed over its jobs; what the jobs spent outside those phases (the
-    memory check after a job, GPU readings, its figures computed: about a second a job on an H200, 0.2 s on a CPU,
-    the part to profile when it grows); and, given the sweep's wall, the time between jobs (each job's result
+    """Where a sweep's time went: each phase summed over its jobs; what the jobs spent outside those phases (GPU
+    readings, the job's figures computed: the part to profile when it grows); and, given the sweep's wall, the time between jobs (each job's result
     written and logged to the store after its end, the launcher's own), or the job walls where jobs ran side by
     side (a GPU pool), whose sum then exceeds the wall."""
     totals = {p: sum(r.metrics.get(p, 0.0) for r in results) / 1e3 for p in PHASES}

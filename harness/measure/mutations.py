@@ -36,7 +36,18 @@ def requested(mode: str) -> str | None:
 
 @contextmanager
 def patched(model, kind: str):
-    """The model's forward with the fault, for the duration (the stepper-level faults patch nothing)."""
+    """The model's forward with the fault, for the duration (the stepper-level faults patch nothing); the model's
+    `harness_mutation` names it meanwhile, so that a compiled step traced with it is never kept for a clean run."""
+    outer = model.__dict__.get("harness_mutation")  # where patched() is nested, the outer call's own
+    model.harness_mutation = kind
+    undo = ((lambda: delattr(model, "harness_mutation")) if outer is None else
+            (lambda: setattr(model, "harness_mutation", outer)))
+    with _restoring(undo), _patched(model, kind):
+        yield
+
+
+@contextmanager
+def _patched(model, kind: str):
     if kind == "rope_off_by_one":
         rotary = model.model.rotary_emb
         forward = rotary.forward

@@ -1,18 +1,24 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import weakref
+from pathlib import Path
 
 import torch
 
 from harness.clock import device_index
-from harness.modes import spec
+from harness.modes import saved_step, spec
 from harness.modes.base import DecodeMode, Stepper, forward_step
 
 # a compiled step's `compile_cache` tag where its process compiled nothing for it: Dynamo served code compiled before
 COMPILED_EARLIER = "in process: compiled by an earlier job"
+LOADED = "loaded: the saved step (its trace and Inductor's code) of an earlier sweep"
+TRACED = "traced and compiled, and saved for later sweeps (the ahead-of-time path reads no FX graph cache)"
+# "0" turns the saved steps off: every sweep's compile traces the model again (harness/modes/saved_step.py)
+KEEP_STEPS_VARIABLE = "HARNESS_SAVE_COMPILED_STEPS"
 COMPILE_WARMUP = 3  # calls before timing: the first compiles, the next record CUDA graphs
 # Where a compile's time goes, from Dynamo's own timers (torch._dynamo.utils.compile_times: seconds, summed over the
 # process), each logged as what this job's compile added to it. A warm compile still traces and loads: only these
@@ -74,12 +80,7 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, reg
     later jobs of a sweep reuse Dynamo's compiled code (and Inductor's on-disk caches) instead of recompiling."""
     per_model = _compiled.setdefault(model, {})
     key = (compile_mode, json.dumps(inductor, sort_keys=True, default=str), regions)
-    if regions and not decoder_layers(model):
-        raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
-                        f"decoder-only model")
-    # either way, so that every step of the model is traced through one layer forward: a whole-model step traced
-    # before a regional one patched the class would be traced again after it (seen on torch 2.13 on a CPU)
-    _compile_layers_once(model)
+    _prepare_layers(model, regions)
     if key not in per_model:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # dynamic=False: each batch size gets kernels specialised to it, as a captured graph does; torch.compile
@@ -89,19 +90,44 @@ def compiled_step(model: torch.nn.Module, compile_mode: str, inductor: dict, reg
     return per_model[key]
 
 
+def _prepare_layers(model: torch.nn.Module, regions: bool) -> None:
+    if regions and not decoder_layers(model):
+        raise TypeError(f"{type(model).__name__} has no model.layers: compile_regions=true needs a transformers "
+                        f"decoder-only model")
+    # either way, so that every step of the model is traced through one layer forward: a whole-model step traced
+    # before a regional one patched the class would be traced again after it (seen on torch 2.13 on a CPU)
+    _compile_layers_once(model)
+
+
+def saved_steps_folder() -> Path | None:
+    """Where compiled steps are kept between sweeps (beside Inductor's caches), or None where the user turned it off."""
+    if os.environ.get(KEEP_STEPS_VARIABLE, "1") == "0":
+        return None
+    from harness.kernels.triton_runtime import compile_cache_dir
+
+    return compile_cache_dir() / "steps"
+
+
 class CompiledStepper(Stepper):
-    def __init__(self, model, prompt, cache_len, compile_mode: str, inductor: dict, regions: bool = False):
+    def __init__(self, model, prompt, cache_len, compile_mode: str, inductor: dict, regions: bool = False,
+                 keep_in: Path | None = None, not_kept_because: str = "not asked"):
+        """`keep_in`: the folder of saved steps to load this step from, or save it into (None: torch.compile
+        in process only, for the reason `not_kept_because`)."""
         super().__init__(model, prompt, cache_len, prefill=False)
         torch._dynamo.mark_static_address(self.static_ids)  # no copy into the graph's input each step
-        self.fn, self.regions = compiled_step(model, compile_mode, inductor, regions), regions
+        self.compile_mode, self.inductor, self.regions, self.keep_in = compile_mode, inductor, regions, keep_in
+        self.not_kept_because = not_kept_because
+        self.step_source: str | None = None  # LOADED, TRACED or COMPILED_EARLIER where the step is kept on disk
         # with CUDA graphs, a step's outputs may be overwritten by the next: each step is marked as new
         self.mark_steps = bool(inductor_options(compile_mode, inductor).get("triton.cudagraphs"))
 
     def compile(self, prompt: torch.Tensor) -> CompiledStepper:
-        """Compile (or reuse this process's compiled step) and record its graphs; the caller prefills."""
+        """Compile (or load a saved step, or reuse this process's compiled step) and record its graphs; the caller
+        prefills."""
         before = _graph_pool_bytes(prompt.device)
         lookups, phases_before = _fx_graph_cache_counts(), compile_phase_seconds()
         start = time.perf_counter()
+        self.fn = self._kept_step() or compiled_step(self.model, self.compile_mode, self.inductor, self.regions)
         for _ in range(COMPILE_WARMUP):
             self.step()
         torch.cuda.synchronize() if prompt.is_cuda else None
@@ -118,10 +144,61 @@ class CompiledStepper(Stepper):
         all, this process had compiled this very step already (Dynamo's code reused) and nothing is logged."""
         hits, misses = (_fx_graph_cache_counts()[k] - before[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
         self.metrics.update(compile_graphs_from_cache=float(hits), compile_graphs_compiled=float(misses))
+        if self.step_source in (LOADED, TRACED):  # the ahead-of-time path reads no FX graph cache
+            self.metrics["compile_cache_hit"] = float(self.step_source == LOADED)
+            self.tags["compile_cache"] = self.step_source
+            return
         if hits + misses:
             self.metrics["compile_cache_hit"] = float(misses == 0)
         self.tags["compile_cache"] = (COMPILED_EARLIER if not hits + misses else
                                       f"{hits} of {hits + misses} graphs from the FX graph cache, {misses} compiled")
+
+    def _kept_step(self):
+        """The step as saved by an earlier job or sweep, or traced now and saved (torch.compile's ahead-of-time
+        path, harness/modes/saved_step.py); None where it is not kept (turned off, or not possible for this
+        step: the tag `compiled_step` says why), and torch.compile serves it in process."""
+        if self.keep_in is None:
+            self.tags["compiled_step"] = f"not kept: {self.not_kept_because}"
+            return None
+        _prepare_layers(self.model, self.regions)
+        options = inductor_options(self.compile_mode, self.inductor)
+        key = saved_step.step_key(self.model, (self.rows, self.cache_len), self.model.dtype, self.static_ids.device,
+                                  options, self.regions)
+        per_model, path = _compiled.setdefault(self.model, {}), self.keep_in / f"{key}.step"
+        self.metrics["compile_step_loaded"] = 0.0
+        if key in per_model:
+            self.tags["compiled_step"], self.step_source = f"{COMPILED_EARLIER}, {key}", COMPILED_EARLIER
+            return per_model[key]
+        if saved_step.not_kept_note(path).exists():
+            self.tags["compiled_step"] = saved_step.not_kept_note(path).read_text().strip()
+            return None
+        step = self._load_or_trace(path, key, options)
+        if step is not None:
+            per_model[key] = step
+        return step
+
+    def _load_or_trace(self, path: Path, key: str, options: dict):
+        """The step saved at `path`, or where there is none (or it cannot be read), traced now and saved there;
+        None where it cannot be saved."""
+        step_function = _regional_step if self.regions else forward_step
+        if path.exists():
+            try:
+                step = saved_step.load(path, step_function)
+                self.tags["compiled_step"], self.metrics["compile_step_loaded"] = f"{LOADED}, {key}", 1.0
+                self.step_source = LOADED
+                return step
+            except saved_step.StepNotSaved as why:
+                self.tags["compiled_step_load_failed"] = str(why)  # traced and saved again, below
+        _Regions.on = self.regions
+        try:
+            step = saved_step.compile_and_save(path, step_function, options, (self.model, self.cache, self.static_ids))
+        except saved_step.StepNotSaved as why:
+            self.tags["compiled_step"] = str(why)
+            return None
+        finally:
+            _Regions.on = False
+        self.tags["compiled_step"], self.step_source = f"{TRACED}, {key}", TRACED
+        return step
 
     def step(self):
         if self.mark_steps:  # the last step's outputs may be overwritten: we took its argmax already
@@ -147,8 +224,12 @@ class CompiledMode(DecodeMode):
 
     def prepare(self, model, prompt, cfg):
         compile_mode = cfg.compile_mode or spec(self.name).compile_modes[0]
+        # a test's fault patches the model (harness/measure/mutations.py): a step traced with it is not kept
+        mutated = getattr(model, "harness_mutation", None)
+        keep_in = None if mutated else saved_steps_folder()
+        why = f"a test's fault ({mutated}) is injected" if mutated else f"{KEEP_STEPS_VARIABLE}=0"
         stepper = CompiledStepper(model, prompt, cfg.cache_len, compile_mode, cfg.inductor,
-                                  cfg.compile_regions).compile(prompt)
+                                  cfg.compile_regions, keep_in, why).compile(prompt)
         stepper.tags["compile_mode"] = compile_mode
         return stepper
 

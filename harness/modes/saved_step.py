@@ -1,0 +1,105 @@
+"""A compiled decode step kept on disk, so that a later sweep loads it instead of having Dynamo trace the model again.
+
+Inductor's FX graph cache keeps the kernels between sweeps, but not Dynamo's work: on torch 2.11 a warm compile
+still reads every decoder layer's Python, 2 s for 16 layers to 15 s for 48 (docs/benchmarks.md, "Time to answer").
+torch.compile's ahead-of-time path (`aot_compile`, then `save_compiled_function`) keeps the traced step and its
+compiled code in one file, which `torch.compiler.load_compiled_function` reads back without tracing.
+
+A saved step keeps only the guards that survive a process (tensor shapes, dtypes, strides and global grad state):
+the ones on Python objects (the model's structure, its attention function, its config) cannot be saved. What they
+guarded is therefore in the file's name instead, a digest of everything that decides the traced code: the model's
+module tree and config, the rows, capacity and dtype of its cache, the compile options, the versions of torch,
+transformers and Triton, the GPU, and the harness's own source. Any change to one of them compiles afresh.
+
+Where a step cannot be compiled this way (a graph break: the ahead-of-time path needs one whole graph) or its file
+cannot be saved or read, the step is compiled by torch.compile as before, the reason is logged with the run, and a
+note beside the files keeps later sweeps from trying again.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+FORMAT = 1  # of the files and their key: bump where what the key covers changes
+HARNESS_ROOT = Path(__file__).resolve().parents[1]
+
+
+class StepNotSaved(Exception):
+    """This step cannot go through the ahead-of-time path; the message says why, in one line."""
+
+
+@functools.lru_cache(maxsize=1)
+def harness_source_digest() -> str:
+    """A digest of the harness's Python source: its attention kernels and decode step are traced into the step."""
+    digest = hashlib.sha256()
+    for path in sorted(HARNESS_ROOT.rglob("*.py")):
+        digest.update(path.relative_to(HARNESS_ROOT).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def step_key(model: torch.nn.Module, cache_shape: tuple, cache_dtype: torch.dtype, device: torch.device,
+             options: dict, regions: bool) -> str:
+    """The name a step is kept under: a digest of all that decides its traced code (module docstring)."""
+    import transformers
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    what = {"format": FORMAT, "modules": repr(model), "config": model.config.to_json_string(use_diff=False),
+            "attention": model.config._attn_implementation, "parameters": str(next(model.parameters()).dtype),
+            "cache": [list(cache_shape), str(cache_dtype)], "options": options, "regions": regions,
+            "device": _device_name(device), "torch": torch.__version__, "transformers": transformers.__version__,
+            "triton": triton_version, "python": platform.python_version(), "harness": harness_source_digest()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    return f"{torch.cuda.get_device_name(device)} sm{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+
+
+def load(path: Path, step_function):
+    """The step kept at `path`, ready to call; StepNotSaved where it cannot be read."""
+    try:
+        with path.open("rb") as file:
+            return torch.compiler.load_compiled_function(file, f_globals=step_function.__globals__)
+    except Exception as error:  # a file of another torch, or cut short: compile afresh over it
+        raise StepNotSaved(f"the saved step {path.name} could not be loaded: {_one_line(error)}") from error
+
+
+def compile_and_save(path: Path, step_function, options: dict, example_args: tuple):
+    """Trace and compile `step_function` for `example_args` as one graph, keep it at `path`, and return it;
+    StepNotSaved where the step has a graph break or cannot be saved (a note at `path` says so to later sweeps)."""
+    try:  # a torch without the ahead-of-time path fails here too, and compiles as before
+        compiled = torch.compile(step_function, dynamic=False, fullgraph=True,
+                                 options={**options, "guard_filter_fn": torch.compiler.keep_portable_guards_unsafe})
+        step = compiled.aot_compile((example_args, {}))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")  # another process may be writing the same step
+        step.save_compiled_function(str(partial))
+        partial.replace(path)
+    except Exception as error:
+        reason = f"the step cannot be kept on disk: {_one_line(error)}"
+        not_kept_note(path).parent.mkdir(parents=True, exist_ok=True)
+        not_kept_note(path).write_text(reason + "\n")
+        raise StepNotSaved(reason) from error
+    return step
+
+
+def not_kept_note(path: Path) -> Path:
+    return path.with_suffix(".not-kept")
+
+
+def _one_line(error: Exception) -> str:
+    text = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+    return text[:300]

@@ -1,0 +1,152 @@
+"""Compiled steps kept on disk between sweeps (harness/modes/saved_step.py), and the per-job collection that freezes
+what survives it (harness/measure/job.py)."""
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+
+import pytest
+import torch
+
+from tests.support import FAST, run_harness
+
+REGIONAL_FP32 = [*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", "compile_regions=true",
+                 "model.tie_word_embeddings=false"]
+
+
+def _results(folder):
+    return [json.loads(p.read_text()) for p in folder.glob("outputs/**/result.json")]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_later_sweep_loads_the_step_the_first_saved_and_a_fault_or_a_damaged_file_is_traced_afresh(workdir):
+    """Sweep one traces, compiles and saves the step; sweep two loads it (no trace) and is verified; a cut-short file
+    is traced and saved again; a test's fault never loads the clean step (it would then pass) and is not saved."""
+    cache = workdir / "cache"
+    env = {"HARNESS_CACHE_DIR": str(cache), "HARNESS_SAVE_COMPILED_STEPS": "1"}
+
+    def sweep(name: str, **more_env: str) -> dict:
+        (workdir / name).mkdir()
+        done = run_harness(*REGIONAL_FP32, cwd=workdir / name, env={**env, **more_env})
+        (result,) = _results(workdir / name)
+        assert done.returncode == (0 if result["status"] == "FINISHED" else 1), done.stderr
+        return result
+
+    cold = sweep("cold")
+    (saved,) = (cache / "compile" / "steps").glob("*.step")
+    assert cold["mode_tags"]["compiled_step"].startswith("traced and compiled, and saved for later sweeps")
+    assert cold["metrics"]["compile_step_loaded"] == 0.0 and cold["metrics"]["compile_trace_ms"] > 0
+    warm = sweep("warm")
+    assert warm["mode_tags"]["compiled_step"] == f"loaded: the saved step (its trace and Inductor's code) of an " \
+                                                f"earlier sweep, {saved.stem}"
+    assert warm["metrics"]["compile_step_loaded"] == 1.0 and warm["metrics"]["compile_cache_hit"] == 1.0
+    assert warm["metrics"].get("compile_trace_ms", 0.0) == 0.0  # Dynamo read no Python
+    assert warm["metrics"]["compile_ms"] < cold["metrics"]["compile_ms"]
+    assert cold["metrics"]["verified"] == warm["metrics"]["verified"] == 1.0
+
+    saved.write_bytes(saved.read_bytes()[:1000])
+    damaged = sweep("damaged")
+    assert damaged["mode_tags"]["compiled_step_load_failed"].startswith(
+        f"the saved step {saved.name} could not be loaded")
+    assert damaged["metrics"]["compile_step_loaded"] == 0.0 and damaged["metrics"]["verified"] == 1.0
+    assert saved.stat().st_size > 1000  # traced and saved whole again
+
+    mutated = sweep("mutated", HARNESS_INJECT_MUTATION="rope_off_by_one")
+    assert mutated["status"] == "FAILED" and mutated["metrics"]["verified"] == 0.0
+    assert mutated["mode_tags"]["compiled_step"] == "not kept: a test's fault (rope_off_by_one) is injected"
+    assert [p.name for p in (cache / "compile" / "steps").iterdir()] == [saved.name]
+
+
+def test_a_steps_name_changes_with_all_that_decides_its_code_and_only_that(fresh_model_cache):
+    from harness.models import get_model
+    from harness.modes.saved_step import step_key
+    from tests.support import run_config
+
+    cfg = run_config(*FAST, "device=cpu")
+    model = get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
+    again = get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), seed=1).model  # other weights, same code
+    cpu = torch.device("cpu")
+    key = step_key(model, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False)
+    assert step_key(again, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False) == key
+    others = [step_key(model, (2, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False),  # rows
+              step_key(model, (1, 128), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False),  # capacity
+              step_key(model, (1, 64), torch.float32, cpu, {"triton.cudagraphs": False}, False),  # cache dtype
+              step_key(model, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": True}, False),  # options
+              step_key(model, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, True)]  # regions
+    deeper = get_model(run_config(*FAST, "device=cpu", "model.num_hidden_layers=3").model, "bf16", "sdpa", cpu, 0).model
+    others.append(step_key(deeper, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False))
+    assert len({key, *others}) == len(others) + 1
+
+
+def test_a_step_with_a_graph_break_is_not_saved_and_later_sweeps_are_told_why(tmp_path):
+    from harness.modes import saved_step
+
+    def with_a_break(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    path = tmp_path / "steps" / "k.step"
+    with pytest.raises(saved_step.StepNotSaved, match="the step cannot be kept on disk: "):
+        saved_step.compile_and_save(path, with_a_break, {}, (torch.ones(3),))
+    assert not path.exists()
+    assert saved_step.not_kept_note(path).read_text().startswith("the step cannot be kept on disk: ")
+
+
+def test_a_jobs_collection_freezes_what_survives_and_releasing_the_models_frees_it(fresh_model_cache):
+    """What a job's collection leaves is frozen (later collections skip it); a cycle among frozen objects that became
+    garbage is freed once the models are released, not kept for the process's life."""
+    from harness.measure.job import collect_this_jobs_garbage
+    from harness.models import release_models
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only a collection frees it
+    alive = weakref.ref(a)
+    try:
+        collect_this_jobs_garbage()
+        assert gc.get_freeze_count() > 0
+        del a, b
+        gc.collect()
+        assert alive() is not None  # frozen: a later job's collection does not walk it
+        release_models()
+        assert gc.get_freeze_count() == 0 and alive() is None
+    finally:
+        gc.unfreeze()
+
+
+def test_a_loaded_step_runs_its_compiled_code_not_the_models_python(tmp_path, fresh_model_cache):
+    """A step loaded from disk by a job with a model of its own: calling it runs no layer's Python (a stepper that
+    fell back to eager, or to tracing again, would call the booby-trapped layer), and its logits are eager's."""
+    from harness.models import get_model
+    from harness.modes.base import Stepper
+    from harness.modes.compiled import LOADED, CompiledStepper
+    from tests.support import run_config
+
+    cfg, cpu = run_config(*FAST, "device=cpu", "dtype=fp32"), torch.device("cpu")
+    prompt = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
+
+    def stepper(seed: int):
+        model = get_model(cfg.model, "fp32", "sdpa", cpu, seed).model
+        return model, CompiledStepper(model, prompt, 64, "default", {}, False, keep_in=tmp_path).compile(prompt)
+
+    with torch.inference_mode():
+        _, first = stepper(seed=0)
+        assert first.tags["compile_cache"].startswith("traced and compiled")
+        model, loaded = stepper(seed=1)  # other weights: a model the saved step never saw, read as inputs
+        assert loaded.tags["compile_cache"] == LOADED
+        reference = Stepper(model, prompt, 64)  # plain eager, prefilled
+        loaded.restart(prompt)
+
+        def trap(*args, **kwargs):
+            raise AssertionError("the model's Python ran")
+
+        model.model.layers[0].forward = trap
+        logits = loaded.step()
+        del model.model.layers[0].forward
+        expected = reference.step()
+    assert torch.allclose(logits, expected, rtol=1e-4, atol=1e-4)
