@@ -81,8 +81,10 @@ def compile_and_save(path: Path, step_function, options: dict, example_args: tup
     """Trace and compile `step_function` for `example_args` as one graph, keep it at `path`, and return it;
     StepNotSaved where the step has a graph break or cannot be saved (a note at `path` says so to later sweeps)."""
     try:  # a torch without the ahead-of-time path fails here too, and compiles as before
-        compiled = torch.compile(step_function, dynamic=False, fullgraph=True,
-                                 options={**options, "guard_filter_fn": torch.compiler.keep_portable_guards_unsafe})
+        # torch 2.11 gives the compiled function its aot_compile only under this switch (2.13 always does)
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            compiled = torch.compile(step_function, dynamic=False, fullgraph=True,
+                                     options={**options, "guard_filter_fn": torch.compiler.keep_portable_guards_unsafe})
         step = compiled.aot_compile((example_args, {}))
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.part")  # another process may be writing the same step
