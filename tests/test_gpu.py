@@ -288,3 +288,38 @@ def test_every_backend_but_eager_prefills_one_context_and_the_jobs_of_a_context_
     for attn in backends:
         follower = measure(run_config(*shape, "mode=graphed", f"attn={attn}"))
         assert follower.failure is None and follower.metrics["prefill_reused"] == 1.0, attn
+
+
+def test_a_compiled_step_loaded_from_disk_replays_cuda_graphs_as_the_traced_one_does(tmp_path):
+    """A saved step of mode=compiled (reduce-overhead: CUDA graphs) loaded by another model's job launches its steps
+    as graph replays, and decodes what the traced step decodes; loaded without the Inductor options it was compiled
+    with, it ran its kernels one by one, 4 to 5 times slower."""
+    from harness.modes.compiled import LOADED, CompiledStepper
+
+    cfg, device = run_config(*QWEN, "mode=compiled"), torch.device("cuda")
+    prompt = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def stepper(seed: int) -> CompiledStepper:
+        model = models.get_model(cfg.model, "bf16", "sdpa", device, seed).model
+        built = CompiledStepper(model, prompt, 256, "reduce-overhead", {}, False, keep_in=tmp_path).compile(prompt)
+        built.restart(prompt)
+        return built
+
+    def replays(run: CompiledStepper) -> tuple[int, torch.Tensor]:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.inference_mode(), torch.profiler.profile(activities=activities) as prof:
+            tokens = torch.stack([run.step().argmax(-1) for _ in range(4)])
+            torch.cuda.synchronize()
+        return sum(e.count for e in prof.key_averages() if e.key == "cudaGraphLaunch"), tokens
+
+    with torch.inference_mode():
+        traced = stepper(seed=0)
+    assert traced.tags["compile_cache"].startswith("traced and compiled")
+    traced_launches, traced_tokens = replays(traced)
+    models.release_models()
+    with torch.inference_mode():
+        loaded = stepper(seed=0)  # the same weights, built again: a model the process never compiled
+    assert loaded.tags["compile_cache"] == LOADED
+    loaded_launches, loaded_tokens = replays(loaded)
+    assert traced_launches >= 4 and loaded_launches >= 4
+    assert torch.equal(loaded_tokens, traced_tokens)

@@ -68,10 +68,13 @@ def _device_name(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} sm{''.join(map(str, torch.cuda.get_device_capability(device)))}"
 
 
-def load(path: Path, step_function):
-    """The step kept at `path`, ready to call; StepNotSaved where it cannot be read."""
+def load(path: Path, step_function, options: dict):
+    """The step kept at `path`, ready to call; StepNotSaved where it cannot be read. `options`: the Inductor
+    options it was compiled with, in force while it loads: loading wraps its code in CUDA graphs only where the
+    global config says so at that moment (torch 2.11 reads triton.cudagraphs then, not from the file). Without them,
+    every step loaded on the H200 ran its kernels unrecorded, 4 to 5 times slower than the same step traced."""
     try:
-        with path.open("rb") as file:
+        with torch._inductor.config.patch(options), path.open("rb") as file:
             return torch.compiler.load_compiled_function(file, f_globals=step_function.__globals__)
     except Exception as error:  # a file of another torch, or cut short: compile afresh over it
         raise StepNotSaved(f"the saved step {path.name} could not be loaded: {_one_line(error)}") from error
