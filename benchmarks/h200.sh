@@ -13,6 +13,12 @@
 # The device may replace the machine between any two calls, even when the next call comes at once (seen on
 # 2026-12-04: the detached run and its cache were gone): keep a measurement inside one call where it fits, and
 # reach for --detach only where it cannot.
+# The device takes at most 64 MiB of work tree and carried wheels together, and the tree alone is about 27 MiB with
+# its result folders (2026-12-04): the wheelhouse of ../shared/device/wheels.sh (35 MiB) was refused beside it. Its
+# mlflow wheel carries the UI's build (8 MB), which no GPU run needs; without it the wheelhouse is 28 MiB:
+#   d=$(mktemp -d) && (cd $d && unzip -q "$OLDPWD"/.whl/mlflow-3*.whl && rm -rf mlflow/server/js/build &&
+#     sed -i '/^mlflow\/server\/js\/build\//d' mlflow-*.dist-info/RECORD && rm "$OLDPWD"/.whl/mlflow-3*.whl &&
+#     zip -qr "$OLDPWD"/.whl/mlflow-3.17.2-py3-none-any.whl .)
 # A shell is needed only for the wheelhouse; each sweep is `python -m harness -m +experiment=PRESET`.
 set -u
 RUN=/tmp/h200-run  # a detached run's steps, logs and progress
