@@ -296,15 +296,16 @@ class MemoryProbe:
         """The job's memory back, and whether all of it came back; `release_ms`, the time that took."""
         if self.device.type != "cuda":
             return {}
-        started = time.perf_counter()
-        collect_this_jobs_garbage()
-        torch.cuda.synchronize(self.device)
-        # cuBLAS keeps a workspace per stream in the caching allocator and never gives it back itself
-        getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
-        torch.cuda.empty_cache()
+        released: dict[str, float] = {}
+        with stopwatch(self.device, released, "release_ms"):
+            collect_this_jobs_garbage()
+            torch.cuda.synchronize(self.device)
+            # cuBLAS keeps a workspace per stream in the caching allocator and never gives it back itself
+            getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
+            torch.cuda.empty_cache()
         leaked = self._allocated() - self.baseline
         return {"mem_baseline_mb": self.baseline / MiB, "mem_leaked_mb": leaked / MiB,
-                "mem_returned_to_baseline": float(leaked <= 0), "release_ms": (time.perf_counter() - started) * 1e3}
+                "mem_returned_to_baseline": float(leaked <= 0), **released}
 
 
 def collect_this_jobs_garbage() -> None:

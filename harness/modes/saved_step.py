@@ -94,9 +94,9 @@ def compile_and_save(path: Path, step_function, options: dict, example_args: tup
         step.save_compiled_function(str(partial))
         partial.replace(path)
     except Exception as error:
-        reason = f"the step cannot be kept on disk: {_one_line(error)}"
-        not_kept_note(path).parent.mkdir(parents=True, exist_ok=True)
-        not_kept_note(path).write_text(reason + "\n")
+        reason, note = f"the step cannot be kept on disk: {_one_line(error)}", not_kept_note(path)
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(reason + "\n")
         raise StepNotSaved(reason) from error
     return step
 
