@@ -9,6 +9,7 @@ import weakref
 import pytest
 import torch
 
+from harness.modes.compiled import LOADED, TRACED
 from tests.support import FAST, run_harness
 
 REGIONAL_FP32 = [*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", "compile_regions=true",
@@ -150,3 +151,29 @@ def test_a_loaded_step_runs_its_compiled_code_not_the_models_python(tmp_path, fr
         del model.model.layers[0].forward
         expected = reference.step()
     assert torch.allclose(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_an_ab_with_fresh_compiles_traces_its_steps_again_instead_of_loading_the_saved_ones(workdir):
+    """`harness ab --fresh-compiles` asks what a machine that never compiled the config would run: its processes must
+    not load the steps an earlier A/B saved. Bug caught: the fresh processes given empty Inductor and Triton caches
+    but the harness's own folder, where each loaded the saved step (`prepared`: loaded) and compiled nothing."""
+    cache = workdir / "cache"
+    env = {"HARNESS_CACHE_DIR": str(cache), "HARNESS_SAVE_COMPILED_STEPS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    arms = ["+inductor.epilogue_fusion=false", "+inductor.epilogue_fusion=true"]
+    common = [*REGIONAL_FP32, "--pairs", "2", "--threshold", "50%"]
+
+    def ab(out: str, *more: str) -> dict:
+        done = run_harness("ab", *arms, *common, "--out", out, *more, cwd=workdir, env=env)
+        assert done.returncode in (0, 1), done.stderr  # 1: B slower, which two tiny CPU arms may be
+        return json.loads((workdir / out / "ab.json").read_text())
+
+    first = ab("first")
+    saved = sorted(p.name for p in (cache / "compile" / "steps").glob("*.step"))
+    assert len(saved) == 2 and [line for arm in first["prepared"] for line in arm] == [TRACED] * 2
+    assert [line for arm in ab("again")["prepared"] for line in arm] == [LOADED] * 2  # the saved steps do load
+    fresh = ab("fresh", "--fresh-compiles")
+    assert [line for arm in fresh["prepared"] for line in arm] == [TRACED] * 2
+    assert sorted(p.name for p in (cache / "compile" / "steps").glob("*.step")) == saved  # nor wrote there

@@ -31,7 +31,9 @@ from harness.measure.timing import DecodeTiming, run_steps, timed_decode
 from harness.models import get_model
 from harness.modes import spec
 
-CACHE_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}  # the folder under a fresh one
+# the folder each variable names under a fresh one: Inductor's and Triton's caches, and the harness's own (its saved
+# compiled steps and tuned fused plans, under $HARNESS_CACHE_DIR/compile), which a fresh compile must not read either
+CACHE_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "HARNESS_CACHE_DIR": "harness"}
 
 
 @dataclass
@@ -104,8 +106,9 @@ def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, proce
 
 @contextlib.contextmanager
 def compile_caches_of_its_own():
-    """Inductor's and Triton's cache folders, for the processes started inside, set to empty ones made here (and
-    deleted after): their compiles autotune and build again, as on a machine that never compiled the config."""
+    """Inductor's, Triton's and the harness's cache folders, for the processes started inside, set to empty ones made
+    here (and deleted after): their compiles trace, autotune and build again, as on a machine that never compiled the
+    config. (Left to the harness's folder, each process would load the step the first one saved.)"""
     with tempfile.TemporaryDirectory(prefix="harness-ab-compile-") as folder:
         # patch.dict gives the environment back as it was, the variables unset before unset again
         with mock.patch.dict(os.environ, {name: os.path.join(folder, sub) for name, sub in CACHE_VARIABLES.items()}):
