@@ -174,8 +174,8 @@ class CompiledStepper(Stepper):
         if key in per_model:
             self.tags["compiled_step"], self.step_source = f"{COMPILED_EARLIER}, {key}", COMPILED_EARLIER
             return per_model[key]
-        if saved_step.not_kept_note(path).exists():
-            self.tags["compiled_step"] = saved_step.not_kept_note(path).read_text().strip()
+        if (note := saved_step.not_kept_note(path)).exists():
+            self.tags["compiled_step"] = note.read_text().strip()
             return None
         step = self._load_or_trace(path, key, options)
         if step is not None:
