@@ -62,13 +62,20 @@ def fused_model_and_prompt(overrides: list[str]):
     return cfg, model, seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
 
 
+def warm_fused_stepper(model, prompt, cfg, steps: int = 10):
+    """mode=fused's captured stepper for the run, restarted from the prompt and replayed `steps` times (call under
+    torch.inference_mode)."""
+    stepper = FusedMode().prepare(model, prompt, cfg)
+    stepper.restart(prompt)
+    for _ in range(steps):
+        stepper.step()
+    return stepper
+
+
 def main(overrides: list[str]) -> None:
     cfg, model, prompt = fused_model_and_prompt(overrides)
     with torch.inference_mode():
-        stepper = FusedMode().prepare(model, prompt, cfg)
-        stepper.restart(prompt)
-        for _ in range(10):
-            stepper.step()
+        stepper = warm_fused_stepper(model, prompt, cfg)
         step_ms = sorted(cuda_event_ms(stepper.step, STEPS))[STEPS // 2]  # the median step
         stepper.rewind()
         decoder = stepper.decoder

@@ -19,6 +19,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set slices model=...      # a slice's values a thread; gate/up as tiles
     python benchmarks/fused_prefetch.py --set queries model=...     # the chunk's first K/V before the queries
     python benchmarks/fused_prefetch.py --set rules model=...       # the slice rule against the kernels before
+    python benchmarks/fused_prefetch.py --set tma model=...         # the tiles' weights through TMA, or registers
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -195,12 +196,36 @@ WARP_VARIANTS = [("four warps from 32 rows in a model 4096 wide (the default)", 
 QUERIES_VARIANTS = [("as committed", [], {}),
                     ("first K/V block before the queries", [], dict(PAST_KV_BEFORE_QUERIES=True)),
                     ("the new token's K/V from registers alone", [], dict(NEW_KV_IN_REGISTERS=True))]
+# `--set tma`: the tile products' weights through registers, or through the Hopper's tensor memory accelerator into
+# shared memory (fused.tma: `_matvec_tma`, Triton's pipeliner keeping that many tiles in flight) in any model (the
+# rule: 4096 wide and up); the sliced products (fused.slices) stay as they are
+ANY_WIDTH = dict(TMA_FROM_HIDDEN=0)
+TMA_VARIANTS = [("tiles through registers", ["fused.tma=false"], {}),
+                ("tiles through TMA, 3 stages", [], dict(ANY_WIDTH, TMA_STAGES_WIDE=3)),
+                ("tiles through TMA, 4 stages", [], dict(ANY_WIDTH, TMA_STAGES=4, TMA_STAGES_WIDE=4)),
+                ("tiles through TMA, 2 stages", [], dict(ANY_WIDTH, TMA_STAGES=2)),
+                ("gate/up alone through TMA, 3 stages", [], dict(ANY_WIDTH, TMA_KINDS=("gate_up",),
+                                                                 TMA_STAGES_WIDE=3)),
+                ("tiles through TMA, 3 stages, first tiles asked of L2 before the wait", ["fused.prefetch=true"],
+                 dict(ANY_WIDTH, TMA_STAGES_WIDE=3)),
+                # (the second round, on the 8B models): O and down, 512 programs of 61 KB of shared memory at three
+                # stages (1.3 waves), on two; or on registers; or split half as many ways
+                ("TMA, O and down on 2 stages", [], dict(ANY_WIDTH, TMA_STAGES_OF={"o": 2, "down": 2},
+                                                         TMA_STAGES_WIDE=3)),
+                ("TMA for QKV, gate/up and lm_head; O and down through registers", [],
+                 dict(ANY_WIDTH, TMA_KINDS=("qkv", "gate_up", "lm_head"), TMA_STAGES_WIDE=3)),
+                ("TMA, 3 stages, one program an SM for the splits", [],
+                 dict(ANY_WIDTH, PROGRAMS_PER_SM=1, TMA_STAGES_WIDE=3)),
+                # (the third): two stages where the programs pass one wave at three an SM, lm_head (many waves)
+                # too, or on three (the rule as committed after it)
+                ("3 stages, 2 past one wave of 3 an SM", [], dict(TMA_WIDE_PROGRAMS_PER_SM=1 << 20)),
+                ("the rule: 2 stages where that brings the programs into one wave, else 3", [], {})]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
-        "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS}
+        "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -208,7 +233,9 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
     "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "ATTENTION_IN_O_MAX_ROWS", "ATTENTION_O_REGISTERS",
-    "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW")}
+    "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
+    "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
+    "TMA_WIDE_PROGRAMS_PER_SM")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

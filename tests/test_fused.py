@@ -135,6 +135,64 @@ def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
     decode_like_eager(eager, run, decoder, 3)
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "row-major"])
+def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, monkeypatch):
+    """Every kind of product through `_matvec_tma` (TMA_KINDS; in the interpreter a descriptor reads the same boxes
+    the copy engine would), over splits of several tiles each, packed tiles or row-major rows whose last block passes
+    the weight's edge: the same logits and cache as eager's, step after step."""
+    monkeypatch.setattr(fused_decode, "TMA_FROM_HIDDEN", 64)  # tiny's hidden size: the rule applies
+    monkeypatch.setattr(fused_decode, "INTERPRETED_BK", 16)  # tiny's hidden 64: 4 tiles of K, 2 a split
+    monkeypatch.setattr(fused_decode, "MAX_SPLITS", 2)
+    launched = []
+    real = fused_decode._matvec_tma
+    monkeypatch.setattr(fused_decode, "_matvec_tma", _Recording(real, launched))
+    eager, run, decoder = fused_and_eager("model.vocab_size=1000", options=FusedOptions(pdl=False, packed=packed))
+    products = decoder.products()
+    assert all(p.descriptor is not None and p.stages == fused_decode.TMA_STAGES for p in products.values())  # few programs
+    assert products["qkv"].k // products["qkv"].bk // products["qkv"].splits >= 2
+    assert products["lm_head"].n % products["lm_head"].bn  # its last block passes the edge (zeros: packed or TMA's)
+    start = eager.context_len
+    decode_like_eager(eager, run, decoder, 3)
+    assert_same_cache(run, eager, start + 3, length=start + 3)
+    assert len(launched) == 3 * (4 * len(decoder.layers) + 1)  # every product of every step
+
+
+def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave_and_three_elsewhere(monkeypatch):
+    """An 8B model's products as the rule plans them on the H200 (132 SMs): three stages for Qwen3-8B's QKV and gate/up
+    (384 programs: one wave at three an SM), two for its O and down (512) and for Llama-3.1-8B's gate/up (448), which
+    two bring into one wave, and three again for lm_head (thousands: several waves either way); fused.tma off, or a
+    model narrower than TMA_FROM_HIDDEN, streams nothing."""
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan: 64 x 128 tiles, tensor cores
+    options, wide = FusedOptions(), fused_decode.TMA_FROM_HIDDEN
+    weight = lambda n, k: torch.empty(n, k, dtype=torch.bfloat16, device="meta")  # noqa: E731 (shapes only)
+
+    def planned(n, k, kind, hidden=wide, options=options):
+        return fused_decode.plan(weight(n, k), options, kind in ("qkv", "o", "down"), 1, hidden, kind=kind)
+
+    gate_up = fused_decode.plan_swiglu(weight(12288, 4096), weight(12288, 4096), options, 1, wide)
+    assert (gate_up.grid, gate_up.stages) == ((384, 1), 3)
+    assert [(p.grid[0] * p.grid[1], p.stages) for p in (planned(6144, 4096, "qkv"), planned(4096, 4096, "o"),
+                                                       planned(4096, 12288, "down"), planned(151936, 4096, "lm_head"))
+            ] == [(384, 3), (512, 2), (512, 2), (2374, 3)]
+    llama_gate_up = fused_decode.plan_swiglu(weight(14336, 4096), weight(14336, 4096), options, 1, wide)
+    assert (llama_gate_up.grid[0], llama_gate_up.stages) == (448, 2)
+    assert planned(4096, 4096, "o", options=FusedOptions(tma=False)).descriptor is None
+    assert planned(4096, 4096, "o", hidden=wide // 2).descriptor is None
+    fp32 = fused_decode.plan(torch.empty(4096, 4096, device="meta"), options, True, 1, wide, kind="o")
+    assert fp32.descriptor is None  # an fp32 run's weights keep the registers on a GPU
+
+
+class _Recording:
+    """A kernel whose launches are counted into `launched`, then run."""
+
+    def __init__(self, kernel, launched: list):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize("masked", [True, False], ids=["padding-masked", "padding-repeats-last-head"])
 def test_the_attention_query_tile_padding_never_reaches_the_output(masked, monkeypatch):
     """The folded attention's query tile has 16 rows for a group of fewer heads: the padding rows, masked (zero
@@ -289,7 +347,7 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert m["kernel_launches_per_step"] == 5 * 2 + 1  # five a layer, the attention folded into one
     # on a CPU the GPU's techniques are off, and the tag says so
     assert tags["fused"] == ("pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off slices=off "
-                             "weights_ahead=off")
+                             "weights_ahead=off tma=off")
     assert tags["fused_plan"].endswith("; attention: no weights asked of L2")
     prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false", "fused.fold_attention=false")
     assert prefetched.label.endswith("fused split_k=off prefetch=on fold_attention=off")  # each switch named where off its default
@@ -638,6 +696,23 @@ for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's groups of four 64-wide 
     adds = max(ptx.rfind("red.global"), ptx.rfind("atom.global"))
     print("attention_o", -1 < ptx.find("cp.async.bulk.prefetch.L2") < wait < adds < launch and "mma" in ptx[wait:]
           and ptx.count("cp.async.bulk.prefetch.L2") == 1)
+# fused.tma: the weight tiles copied by the tensor memory accelerator into shared memory after the PDL wait (with the
+# input the kernel before wrote), read there by Hopper's wgmma (`_matvec`'s pass through registers and ldmatrix);
+# the first tiles asked of L2 before the wait where PREFETCH; packed (gate/up: SwiGLU) and row-major (down: adds)
+from harness.kernels.fused_decode import _matvec_tma
+for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, Out="*bf16"),
+                dict(NORM=False, OUTPUT=3, SPLITS=8, PACKED=False, PREFETCH=False, Out="*fp32")):
+    sig = {**ptrs, "X": "*fp32", "Out": product.pop("Out"), "Wdesc": "tensordesc<bf16[64, 128]>",
+           **{k: v for k, v in ints.items() if k != "prefetch_ahead"}, "eps": "fp32",
+           **dict.fromkeys(["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL",
+                            "STAGES", "PREFETCH", "LAUNCH"], "constexpr")}
+    consts = dict(INPUT=0, BUMP=False, ROWS=16, BN=64, BK=128, DOT=True, PDL=True, STAGES=3, LAUNCH=1, **product)
+    ptx = triton.compile(ASTSource(_matvec_tma, sig, consts), target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_warps=8)).asm["ptx"]
+    wait, copy, launch = (ptx.find(op) for op in ("griddepcontrol.wait", "cp.async.bulk.tensor",
+                                                  "griddepcontrol.launch_dependents"))
+    print("tma", wait < copy < launch and "wgmma.mma_async" in ptx[copy:launch]
+          and (-1 < ptx.find("cp.async.bulk.prefetch.L2") < wait) == product["PREFETCH"])
 """
 
 
@@ -649,4 +724,5 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 7
-                                   + ["rope_append", "True", "attention_o", "True", "attention_o", "True"])
+                                   + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
+                                   + ["tma", "True"] * 2)

@@ -207,7 +207,7 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert len(result.step_ms) * graph_steps == QWEN_DECODE_TOKENS  # one sample a replay of graph_steps
     assert result.mode_tags["fused"] == ("pdl=on split_k=on packed=on prefetch=off fold_attention=on tune=off slices=on "
-                                             "weights_ahead=on")
+                                             "weights_ahead=on tma=on")
     assert "captured" not in result.mode_tags
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
 
@@ -221,6 +221,23 @@ def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_
     assert result.mode_tags["fused_plan"].endswith("; attention: 6.0 MiB of the MLP's weights asked of L2")
     short = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
     assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2")
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatch):
+    """fused.tma on the H200: the tile products' weights copied into shared memory by the tensor memory accelerator
+    (the rule, 4096 wide and up, brought down to Qwen3-0.6B's 1024 so that a small model runs it: its QKV and O at
+    bs=1, every product at bs=8), the step captured with PDL, verified against fp32, and the plan naming each TMA
+    product; fused.tma=false runs none."""
+    from harness.kernels import fused_decode
+
+    monkeypatch.setattr(fused_decode, "TMA_FROM_HIDDEN", 1024)
+    result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
+    assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+    plan = result.mode_tags["fused_plan"]
+    assert plan.count(", TMA ") == plan.count("tiles") == (2 if bs == 1 else 5), plan
+    off = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1", "fused.tma=false"))
+    assert off.failure is None and "TMA" not in off.mode_tags["fused_plan"] and "tma=off" in off.mode_tags["fused"]
 
 
 def test_a_tuned_fused_step_times_its_candidates_and_is_verified():

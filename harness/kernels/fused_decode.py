@@ -210,6 +210,25 @@ ATTENTION_LAUNCH_AT_START = True
 # now in every program of O and after its wait, costs more than the launch it saves
 ATTENTION_IN_O_MAX_ROWS = 0
 ATTENTION_O_REGISTERS = 128
+# fused.tma: in a model TMA_FROM_HIDDEN wide or wider, the products that run as tiles with 16-bit weights (every kind of
+# an 8B model's in bf16, at any batch) stream their weight tiles through the Hopper's tensor memory accelerator into
+# shared memory, where the tensor cores read them (`_matvec_tma`, Triton's pipeliner keeping `tma_stages` tiles in
+# flight a program), instead of loading them into registers and storing them to shared memory again for the MMA. Nsight
+# Compute on one H200 (docs/benchmarks.md, "what the hardware counters say") found Qwen3-8B's gate/up tiles through
+# registers holding the SM's L1/TEX pipe 89% busy, its warps stalled most on shared memory, at 74% of the DRAM's peak;
+# through TMA, 76% and 84%. Paired on H200s, three stages for every product took 5.8-6.9% off Qwen3-8B's step at bs=1
+# but added 1.3% to Llama-3.1-8B's, whose gate/up (448 programs) no longer fit one wave at three programs an SM (a
+# program of three stages holds 61-70 KB of shared memory). Two stages where that brings a product's programs into one
+# wave (four an SM or more at two), three elsewhere (lm_head's thousands of programs run several waves either way): 7.8%
+# off Qwen3-8B's step and 9.7% off Llama-3.1-8B's (lm_head on two stages as well: 0.5% and 0.3% slower). In the small
+# models (Qwen3-0.6B, Llama-3.2-1B: their tiles are the small QKV and O products, a tile or two a program, nothing for
+# the pipeliner to overlap) three stages added 7.9% and 1.3%.
+# TMA_KINDS and TMA_STAGES_OF (a kind's own stages) are for the benchmarks' variants.
+TMA_FROM_HIDDEN = 4096
+TMA_KINDS: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "lm_head")
+TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
+TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
+TMA_STAGES_OF: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -227,6 +246,7 @@ class FusedOptions:
     # the folded attention, whose own reads leave HBM idle at a short context, asks L2 for the layer's MLP weights
     # (WEIGHTS_AHEAD_BYTES at most) while it runs, so that gate/up and down find them there (a Hopper GPU)
     weights_ahead: bool = True
+    tma: bool = True  # the tiles' weights through the tensor memory accelerator, TMA_FROM_HIDDEN wide and up (Hopper)
 
 
 @triton.jit
@@ -343,6 +363,16 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
     acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
                                 pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
                                 ONE_TILE)
+    _product_out(acc, squares, Out, SquaresOut, Bump, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM,
+                 OUTPUT, SPLITS, BUMP, ROWS, BN, DOT, PDL, LAUNCH)
+
+
+@triton.jit
+def _product_out(acc, squares, Out, SquaresOut, Bump, rows, n_total, out_cols, k_total, eps, pid_n, pid_k,
+                 NORM: tl.constexpr, OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr,
+                 ROWS: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, LAUNCH: tl.constexpr):
+    """A product's sums after its weight loop: stored as OUTPUT says, the layer's cache position bumped where BUMP,
+    and the next kernel let launch after the loop (LAUNCH 1) or after the stores (2)."""
     if DOT:
         acc = tl.trans(acc)
     _pdl_wait_launch(PDL, False, LAUNCH == 1)
@@ -352,6 +382,36 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
         if pid_n + pid_k == 0:
             tl.store(Bump, tl.load(Bump) + 1)
     _pdl_wait_launch(PDL, False, LAUNCH == 2)
+
+
+@triton.jit
+def _matvec_tma(X, x_row, ResOut, Ids, Gain, W, Wdesc, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols,
+                k_per_split, k_tiles, eps, prefetch_bytes, INPUT: tl.constexpr, NORM: tl.constexpr,
+                OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
+                PREFETCH: tl.constexpr = False, LAUNCH: tl.constexpr = 1):
+    """`_matvec` with the weight tiles read through the descriptor Wdesc (TMA_KINDS): on a Hopper GPU the tensor
+    memory accelerator copies each [BN, BK] tile into shared memory, STAGES tiles in flight (Triton's pipeliner), and
+    the tensor cores read it there, where `_matvec`'s tiles pass through registers and are stored to shared memory
+    again for the MMA. The pipeliner's first copies come after the PDL wait (they are issued with the input's, which
+    the kernel before writes); PREFETCH asks L2 for the first tiles before it."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, k_total)
+    if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
+        _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
+    _pdl_wait_launch(PDL, True, LAUNCH == 0)
+    acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
+    squares = tl.zeros([ROWS], tl.float32)
+    for k0 in tl.range(k_start, k_end, BK, num_stages=STAGES):
+        if PACKED:  # tile (pid_n, k0 // BK): BN rows of the [tiles * BN, BK] view, zeros past the edges
+            w = Wdesc.load([(pid_n * k_tiles + k0 // BK) * BN, 0])
+        else:  # row-major [n, k]: the copy engine fills what passes the edges with zeros
+            w = Wdesc.load([pid_n * BN, k0])
+        x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT, NORM, ROWS, BK)
+        acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
+    _product_out(acc, squares, Out, SquaresOut, Bump, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM,
+                 OUTPUT, SPLITS, BUMP, ROWS, BN, DOT, PDL, LAUNCH)
 
 
 @triton.jit
@@ -783,11 +843,14 @@ class Product:
     prefetch_bytes: int = 0  # bytes each program asks L2 for before its PDL wait (0: no prefetch)
     choice: PlanChoice | None = None  # what planned it
     kind: str = ""  # which of a step's products (PRODUCT_KINDS) it is, where its plan was given one
+    descriptor: object = None  # the weight's TMA descriptor where its tiles stream through it (TMA_KINDS), else None
+    stages: int = 0  # the tiles in flight a program where they do
 
     def __str__(self) -> str:
         shape = f"{self.bn}x{self.bk} " + ("row slices" if self.choice and self.choice.slices else "tiles")
         return (f"{shape}, {self.splits} split{'s' * (self.splits > 1)}, {self.warps} warps, "
-                f"{'packed' if self.packed else 'row-major'}" + ", L2 prefetch" * (self.prefetch_bytes > 0))
+                f"{'packed' if self.packed else 'row-major'}" + ", L2 prefetch" * (self.prefetch_bytes > 0)
+                + f", TMA {self.stages} stages" * (self.descriptor is not None))
 
     @property
     def prefetch_ahead(self) -> int:
@@ -818,16 +881,22 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
     name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
     cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
     in). The step and the benchmarks launch products through this one call."""
+    residual, ids, gain_given = out if residual is None else residual, out if ids is None else ids, gain is not None
+    gain, squares = out if gain is None else gain, out if squares is None else squares
+    bump_at = out if bump is None else bump
     padded = triton.next_power_of_2(rows)
-    _matvec[product.grid](
-        x, x.stride(0), out if residual is None else residual, out if ids is None else ids,
-        out if gain is None else gain, product.weight, out, out if squares is None else squares,
-        out if bump is None else bump, rows, product.k, product.n, out.shape[-1],
-        triton.cdiv(product.k, product.splits), product.k_tiles, eps, product.prefetch_bytes, product.prefetch_ahead,
-        INPUT=input, NORM=gain is not None, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
-        ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk, PACKED=product.packed,
-        DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile,
-        LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
+    shared = dict(INPUT=input, NORM=gain_given, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
+                  ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk,
+                  PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0,
+                  LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
+    sizes = (rows, product.k, product.n, out.shape[-1], triton.cdiv(product.k, product.splits), product.k_tiles, eps,
+             product.prefetch_bytes)
+    if product.descriptor is not None:
+        _matvec_tma[product.grid](x, x.stride(0), residual, ids, gain, product.weight, product.descriptor, out,
+                                  squares, bump_at, *sizes, STAGES=product.stages, **shared)
+        return
+    _matvec[product.grid](x, x.stride(0), residual, ids, gain, product.weight, out, squares, bump_at, *sizes,
+                          product.prefetch_ahead, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile, **shared)
 
 
 def launch_point(product: Product) -> int:
@@ -1054,9 +1123,33 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
         return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice, kind)
     bk = tile_sizes(n, k)[1]
     bn, splits = blocks_and_splits(n, k, bk, options.split_k and splittable, choice.per_sm)
-    return Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
-                   not interpreted(), choice.packed, choice.warps,  # (the interpreter computes a bf16 tl.dot wrongly)
-                   prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), choice), choice, kind)
+    return streamed(Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
+                            not interpreted(), choice.packed, choice.warps,  # (the interpreter: bf16 tl.dot wrong)
+                            prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), choice), choice, kind),
+                    options, hidden)
+
+
+def streamed(product: Product, options: FusedOptions, hidden: int) -> Product:
+    """`product` with a TMA descriptor of its weight where fused.tma applies (16-bit tiles of TMA_KINDS in a model of
+    `hidden` size TMA_FROM_HIDDEN wide or wider): [bn, bk] boxes of the packed weight viewed as [tiles * bn, bk], or of the
+    row-major weight."""
+    sixteen_bits = product.weight.element_size() == 2 or interpreted()  # (on a GPU measured in bf16 only)
+    if not (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS and sixteen_bits):
+        return product
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows = product.weight.view(-1, product.bk) if product.packed else product.weight
+    return replace(product, descriptor=TensorDescriptor.from_tensor(rows, [product.bn, product.bk]),
+                   stages=TMA_STAGES_OF.get(product.kind, tma_stages(product)))
+
+
+def tma_stages(product: Product) -> int:
+    """Tiles in flight a program of `product` through TMA: TMA_STAGES_WIDE where its programs pass one wave at
+    TMA_PROGRAMS_PER_SM an SM (what a program of TMA_STAGES leaves room for) and fit one at TMA_WIDE_PROGRAMS_PER_SM,
+    else TMA_STAGES (within one wave, or several waves either way)."""
+    programs = product.grid[0] * product.grid[1]
+    wide = TMA_PROGRAMS_PER_SM * SMS < programs <= TMA_WIDE_PROGRAMS_PER_SM * SMS
+    return TMA_STAGES_WIDE if wide else TMA_STAGES
 
 
 def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, rows: int = 1,
@@ -1070,9 +1163,9 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     n = paired.shape[0]
     if choice.slices:  # row-major rows, on CUDA cores
         return Product(paired, n, k, bn, bk, 1, False, False, choice.warps, 0, choice, "gate_up")
-    return Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
-                   choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice), choice,
-                   "gate_up")
+    return streamed(Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
+                            choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice),
+                            choice, "gate_up"), options, hidden)
 
 
 # Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two

@@ -131,12 +131,13 @@ class FusedMode(DecodeMode):
 
         if (problem := family_problem(model)) is not None:
             raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
-        # PDL and the bulk L2 prefetches are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
+        # PDL, the bulk L2 prefetches and TMA are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
         hopper = on_hopper(prompt.device)
         options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
                                prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention,
                                tune=cfg.fused.tune, slices=cfg.fused.slices and prompt.is_cuda,
-                               weights_ahead=cfg.fused.weights_ahead and hopper)
+                               weights_ahead=cfg.fused.weights_ahead and hopper,
+                               tma=cfg.fused.tma and hopper)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
