@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
                                            TARGET_PROGRAMS, empty_softmax, kv_block, merge_head, softmax_block,
@@ -223,9 +224,9 @@ ATTENTION_O_REGISTERS = 128
 # off Qwen3-8B's step and 9.7% off Llama-3.1-8B's (lm_head on two stages as well: 0.5% and 0.3% slower). In the small
 # models (Qwen3-0.6B, Llama-3.2-1B: their tiles are the small QKV and O products, a tile or two a program, nothing for
 # the pipeliner to overlap) three stages added 7.9% and 1.3%.
-# TMA_KINDS and TMA_STAGES_OF (a kind's own stages) are for the benchmarks' variants.
+# TMA_KINDS (every kind: PRODUCT_KINDS, below) and TMA_STAGES_OF (a kind's own stages) are for the benchmarks'
+# variants.
 TMA_FROM_HIDDEN = 4096
-TMA_KINDS: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "lm_head")
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
@@ -1131,13 +1132,11 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
 
 def streamed(product: Product, options: FusedOptions, hidden: int) -> Product:
     """`product` with a TMA descriptor of its weight where fused.tma applies (16-bit tiles of TMA_KINDS in a model of
-    `hidden` size TMA_FROM_HIDDEN wide or wider): [bn, bk] boxes of the packed weight viewed as [tiles * bn, bk], or of the
-    row-major weight."""
+    `hidden` size TMA_FROM_HIDDEN wide or wider): [bn, bk] boxes of the packed weight viewed as [tiles * bn, bk], or
+    of the row-major weight."""
     sixteen_bits = product.weight.element_size() == 2 or interpreted()  # (on a GPU measured in bf16 only)
     if not (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS and sixteen_bits):
         return product
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     rows = product.weight.view(-1, product.bk) if product.packed else product.weight
     return replace(product, descriptor=TensorDescriptor.from_tensor(rows, [product.bn, product.bk]),
                    stages=TMA_STAGES_OF.get(product.kind, tma_stages(product)))
@@ -1178,6 +1177,7 @@ PRODUCT_WEIGHTS = {
     "lm_head": lambda model: model.lm_head.weight,
 }
 PRODUCT_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
+TMA_KINDS: tuple[str, ...] = PRODUCT_KINDS  # the kinds fused.tma streams (a benchmark variant narrows it)
 SPLITTABLE_KINDS = ("qkv", "o", "down")  # whose K may split (gate/up needs whole sums; lm_head has blocks enough)
 
 
