@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import time
 import weakref
 
 import pytest
@@ -177,3 +179,86 @@ def test_an_ab_with_fresh_compiles_traces_its_steps_again_instead_of_loading_the
     fresh = ab("fresh", "--fresh-compiles")
     assert [line for arm in fresh["prepared"] for line in arm] == [TRACED] * 2
     assert sorted(p.name for p in (cache / "compile" / "steps").glob("*.step")) == saved  # nor wrote there
+
+
+def _file(folder, name: str, size: int, age_s: float):
+    path = folder / name
+    path.write_bytes(b"x" * size)
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def test_pruning_deletes_the_least_recently_used_steps_until_the_rest_fit_and_never_the_new_one(tmp_path):
+    """Steps and notes go oldest first until the folder fits; the step just saved stays even where it alone is
+    over the budget; a part-written file goes only where its writer died long ago; other files are not ours."""
+    from harness.modes.saved_step import STALE_PART_S, prune
+
+    oldest, old = _file(tmp_path, "a.step", 300, 500), _file(tmp_path, "b.not-kept", 50, 400)
+    recent, new = _file(tmp_path, "c.step", 300, 100), _file(tmp_path, "d.step", 400, 0)
+    dead, writing = _file(tmp_path, "e.1.part", 900, STALE_PART_S + 60), _file(tmp_path, "f.2.part", 900, 1)
+    other = _file(tmp_path, "README", 5000, 9999)
+    assert prune(tmp_path, 700, new) == [("a.step", 300), ("b.not-kept", 50)]  # 1050 -> 700
+    assert {p.name for p in tmp_path.iterdir()} == {recent.name, new.name, writing.name, other.name}
+    assert not dead.exists() and not oldest.exists() and not old.exists()
+    assert prune(tmp_path, 700, new) == []  # within the budget: nothing more
+    assert prune(tmp_path, 0, new) == [("c.step", 300)] and new.exists()  # 0 keeps only the step saved last
+
+
+@pytest.mark.parametrize("value, budget", [(None, 2048 << 20), ("512", 512 << 20), ("0.5", 1 << 19), ("0", 0)])
+def test_the_budget_is_read_in_mb(monkeypatch, value, budget):
+    from harness.modes.saved_step import BUDGET_VARIABLE, budget_bytes
+
+    if value is None:
+        monkeypatch.delenv(BUDGET_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(BUDGET_VARIABLE, value)
+    assert budget_bytes() == budget
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("value", ["2GB", "-1", "nan"])
+def test_a_budget_that_is_not_a_size_is_refused_in_one_line_before_anything_is_created(workdir, value):
+    proc = run_harness(*FAST, "device=cpu", cwd=workdir, env={"HARNESS_SAVED_STEPS_MAX_MB": value})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"harness: HARNESS_SAVED_STEPS_MAX_MB={value!r} is not a size: give the MB the "
+                                   "saved compiled steps may take, a number >= 0 (default 2048; 0 keeps only the step "
+                                   "saved last)")
+    assert list(workdir.iterdir()) == []
+
+
+def test_a_saved_step_prunes_the_folder_and_a_loaded_one_counts_as_used(tmp_path, monkeypatch, fresh_model_cache):
+    """A job that traces and saves its step brings the folder within HARNESS_SAVED_STEPS_MAX_MB, oldest first, and
+    says so in a tag; a job that loads a step marks it used, so that the next pruning keeps it over older ones."""
+    from harness.models import get_model
+    from harness.modes.compiled import CompiledStepper
+    from tests.support import run_config
+
+    cfg, cpu = run_config(*FAST, "device=cpu", "dtype=fp32"), torch.device("cpu")
+    prompt = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
+    for i in range(3):  # 30 MB, old0 the oldest
+        _file(tmp_path, f"old{i}.step", 10 << 20, 1000 - i)
+
+    def stepper(seed: int):
+        model = get_model(cfg.model, "fp32", "sdpa", cpu, seed).model
+        return CompiledStepper(model, prompt, 64, "default", {}, False, keep_in=tmp_path).compile(prompt)
+
+    monkeypatch.setenv("HARNESS_SAVED_STEPS_MAX_MB", "25")
+    with torch.inference_mode():
+        traced = stepper(seed=0)
+        (saved,) = [p for p in tmp_path.glob("*.step") if not p.name.startswith("old")]
+        size_mb = saved.stat().st_size / (1 << 20)
+        assert size_mb < 5  # a tiny model's step (1.6 MB here): with it the folder is over 25 MB until old0 goes
+        assert {p.name for p in tmp_path.iterdir()} == {saved.name, "old1.step", "old2.step"}
+        assert traced.tags["compiled_steps_pruned"] == (
+            f"1 saved step least recently used deleted, 10.0 MB, to keep {tmp_path} within "
+            "HARNESS_SAVED_STEPS_MAX_MB=25 MB")
+
+        then = time.time() - 2000  # older than every stale file
+        os.utime(saved, (then, then))
+        loaded = stepper(seed=1)  # another model object: nothing compiled in process, the saved step is loaded
+    assert loaded.metrics["compile_step_loaded"] == 1.0 and "compiled_steps_pruned" not in loaded.tags
+    assert saved.stat().st_mtime > time.time() - 60  # marked used
+    from harness.modes.saved_step import prune
+    assert [name for name, _ in prune(tmp_path, 5 << 20, tmp_path / "none.step")] == ["old1.step", "old2.step"]
+    assert saved.exists()

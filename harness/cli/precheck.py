@@ -78,11 +78,22 @@ def check_fits(run: RunConfig) -> None:
                           "this device: lower bs or cache_len")
 
 
+def check_saved_steps_budget() -> None:
+    """HARNESS_SAVED_STEPS_MAX_MB, where set, is a size (every compiled job reads it)."""
+    from harness.modes.saved_step import budget_bytes
+
+    try:
+        budget_bytes()
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
 def precheck(argv: list[str], multirun: bool) -> None:
     """Refuse what cannot run, before anything is created (ConfigError: one line)."""
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     uri = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("tracking.uri=")), None)
     check_store_uri(uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    check_saved_steps_budget()
     if multirun:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from harness.clock import device_index
+from harness.clock import MiB, device_index
 from harness.modes import saved_step, spec
 from harness.modes.base import DecodeMode, Stepper, forward_step
 
@@ -165,6 +165,7 @@ class CompiledStepper(Stepper):
         if self.keep_in is None:
             self.tags["compiled_step"] = f"not kept: {self.not_kept_because}"
             return None
+        self.budget_bytes = saved_step.budget_bytes()  # a bad value is refused before a compile, not after it
         _prepare_layers(self.model, self.regions)
         options = inductor_options(self.compile_mode, self.inductor)
         key = saved_step.step_key(self.model, (self.rows, self.cache_len), self.model.dtype, self.static_ids.device,
@@ -203,7 +204,22 @@ class CompiledStepper(Stepper):
         finally:
             _Regions.on = False
         self.tags["compiled_step"], self.step_source = f"{TRACED}, {key}", TRACED
+        self._prune(path)
         return step
+
+    def _prune(self, saved: Path) -> None:
+        """The saved steps' folder back within its budget now that `saved` was added (saved_step.prune); the tag
+        `compiled_steps_pruned` says what that deleted."""
+        try:
+            deleted = saved_step.prune(saved.parent, self.budget_bytes, saved)
+        except OSError as error:  # housekeeping: the job's own step is saved and runs either way
+            self.tags["compiled_steps_pruned"] = f"not pruned: {saved_step.one_line(error)}"
+            return
+        if deleted:
+            steps = f"{len(deleted)} saved step{'s' * (len(deleted) > 1)}"
+            self.tags["compiled_steps_pruned"] = (
+                f"{steps} least recently used deleted, {sum(b for _, b in deleted) / MiB:.1f} MB, "
+                f"to keep {saved.parent} within {saved_step.BUDGET_VARIABLE}={self.budget_bytes / MiB:g} MB")
 
     def step(self):
         if self.mark_steps:  # the last step's outputs may be overwritten: we took its argmax already

@@ -14,20 +14,33 @@ transformers and Triton, the GPU, and the harness's own source. Any change to on
 Where a step cannot be compiled this way (a graph break: the ahead-of-time path needs one whole graph) or its file
 cannot be saved or read, the step is compiled by torch.compile as before, the reason is logged with the run, and a
 note beside the files keeps later sweeps from trying again.
+
+Since a change of the harness's source or of a library names every step anew, the folder is kept within a budget
+(HARNESS_SAVED_STEPS_MAX_MB): each time a step is saved, the steps least recently saved or loaded are deleted until
+the rest fit it.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
 
 FORMAT = 1  # of the files and their key: bump where what the key covers changes
 HARNESS_ROOT = Path(__file__).resolve().parents[1]
+# The saved steps' folder is kept within this many MB: every change of the harness's source, torch, transformers or
+# Triton names each step anew, and the `models` preset alone saved 18 steps, 81 MB, on the H200 (docs/benchmarks.md),
+# so without a bound the folder grows by that much each time. 2048 MB keeps about 25 such sets.
+BUDGET_VARIABLE = "HARNESS_SAVED_STEPS_MAX_MB"
+DEFAULT_BUDGET_MB = 2048
+# A file being written is saved as KEY.PID.part, then renamed; one this old was left by a process that died
+STALE_PART_S = 3600
 
 
 class StepNotSaved(Exception):
@@ -75,9 +88,11 @@ def load(path: Path, step_function, options: dict):
     every step loaded on the H200 ran its kernels unrecorded, 4 to 5 times slower than the same step traced."""
     try:
         with torch._inductor.config.patch(options), path.open("rb") as file:
-            return torch.compiler.load_compiled_function(file, f_globals=step_function.__globals__)
+            step = torch.compiler.load_compiled_function(file, f_globals=step_function.__globals__)
     except Exception as error:  # a file of another torch, or cut short: compile afresh over it
-        raise StepNotSaved(f"the saved step {path.name} could not be loaded: {_one_line(error)}") from error
+        raise StepNotSaved(f"the saved step {path.name} could not be loaded: {one_line(error)}") from error
+    _mark_used(path)
+    return step
 
 
 def compile_and_save(path: Path, step_function, options: dict, example_args: tuple):
@@ -94,17 +109,67 @@ def compile_and_save(path: Path, step_function, options: dict, example_args: tup
         step.save_compiled_function(str(partial))
         partial.replace(path)
     except Exception as error:
-        reason, note = f"the step cannot be kept on disk: {_one_line(error)}", not_kept_note(path)
+        reason, note = f"the step cannot be kept on disk: {one_line(error)}", not_kept_note(path)
         note.parent.mkdir(parents=True, exist_ok=True)
         note.write_text(reason + "\n")
         raise StepNotSaved(reason) from error
     return step
 
 
+def budget_bytes() -> int:
+    """The saved steps' budget in bytes, from HARNESS_SAVED_STEPS_MAX_MB (DEFAULT_BUDGET_MB where unset; 0 keeps only
+    the step saved last); ValueError, in one line, for a value that is not a number of MB."""
+    text = os.environ.get(BUDGET_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_BUDGET_MB << 20
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = math.nan
+    if not (math.isfinite(megabytes) and megabytes >= 0):
+        raise ValueError(f"{BUDGET_VARIABLE}={text!r} is not a size: give the MB the saved compiled steps may take, "
+                         f"a number >= 0 (default {DEFAULT_BUDGET_MB}; 0 keeps only the step saved last)")
+    return int(megabytes * (1 << 20))
+
+
+def prune(folder: Path, budget: int, keep: Path) -> list[tuple[str, int]]:
+    """Delete the saved steps (and notes) of `folder` least recently saved or loaded until the rest take `budget`
+    bytes at most, and any part-written file older than STALE_PART_S; `keep`, the step just saved, stays whatever its
+    size. Another process may prune or write the same folder at once: a file gone already is passed over. Returns
+    each deleted step's (or note's) name and bytes, oldest first."""
+    now, kept, deleted = time.time(), [], []
+    for path in folder.iterdir():
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        if path.suffix == ".part":  # another process's write in flight, unless its writer died long ago
+            if now - stat.st_mtime > STALE_PART_S:
+                path.unlink(missing_ok=True)
+        elif path.suffix in (".step", ".not-kept") and path != keep:
+            kept.append((stat.st_mtime, path.name, stat.st_size))
+    total = sum(size for _, _, size in kept) + (keep.stat().st_size if keep.exists() else 0)
+    for _, name, size in sorted(kept):
+        if total <= budget:
+            break
+        (folder / name).unlink(missing_ok=True)
+        total -= size
+        deleted.append((name, size))
+    return deleted
+
+
+def _mark_used(path: Path) -> None:
+    """The step's time of last use is its file's modification time (prune deletes the oldest first)."""
+    try:
+        os.utime(path)
+    except OSError:  # a folder this process may read but not write: the step still runs
+        pass
+
+
 def not_kept_note(path: Path) -> Path:
     return path.with_suffix(".not-kept")
 
 
-def _one_line(error: Exception) -> str:
+def one_line(error: Exception) -> str:
     text = f"{type(error).__name__}: {error}".strip().splitlines()[0]
     return text[:300]
