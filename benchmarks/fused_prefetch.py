@@ -16,6 +16,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set wait model=...        # the attention's reads before its PDL wait
     python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
     python benchmarks/fused_prefetch.py --set into_o model=...      # the attention folded into the O product
+    python benchmarks/fused_prefetch.py --set into_qkv model=...    # the attention in the QKV product's tail
     python benchmarks/fused_prefetch.py --set slices model=...      # a slice's values a thread; gate/up as tiles
     python benchmarks/fused_prefetch.py --set queries model=...     # the chunk's first K/V before the queries
     python benchmarks/fused_prefetch.py --set rules model=...       # the slice rule against the kernels before
@@ -140,6 +141,14 @@ INTO_O_VARIANTS = [("attention and O apart (the default)", [], {}),
                    ("attention folded into O", [], dict(ATTENTION_IN_O_MAX_ROWS=8)),
                    ("attention folded into O, registers left to ptxas", [],
                     dict(ATTENTION_IN_O_MAX_ROWS=8, ATTENTION_O_REGISTERS=None))]
+# `--set into_qkv`: each layer's attention in its QKV product's tail, computed by the program counted last for each KV
+# head (one launch a layer fewer), on 64 registers a thread (the default when on), 128, or as ptxas allocates
+INTO_QKV_VARIANTS = [("attention in its own kernel (the default)", [], {}),
+                     ("attention in QKV's tail, 64 registers", [], dict(ATTENTION_IN_QKV_MAX_ROWS=8)),
+                     ("attention in QKV's tail, 128 registers", [],
+                      dict(ATTENTION_IN_QKV_MAX_ROWS=8, QKV_ATTENTION_REGISTERS=128)),
+                     ("attention in QKV's tail, registers left to ptxas", [],
+                      dict(ATTENTION_IN_QKV_MAX_ROWS=8, QKV_ATTENTION_REGISTERS=None))]
 # `--set slices`: fused.slices' values a thread (64, the default before the slice rules: 32 or 128), and gate/up as
 # tiles instead of slices (which fused.tune took for Llama-3.2-1B before gate/up launched the next kernel after its
 # stores), after its loop or after its stores; each row with the rules as they were when leases X6 and Y2 paired them
@@ -224,7 +233,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
-        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
+        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS, "into_qkv": INTO_QKV_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
@@ -233,6 +242,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
     "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "ATTENTION_IN_O_MAX_ROWS", "ATTENTION_O_REGISTERS",
+    "ATTENTION_IN_QKV_MAX_ROWS", "QKV_ATTENTION_REGISTERS",
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM")}

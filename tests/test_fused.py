@@ -107,11 +107,13 @@ def test_the_attention_folds_into_o_only_where_asked_and_one_chunk_a_kv_head(mon
     assert not fold(FusedOptions(), 1, 24, 8, 1)  # a group of three heads
 
 
-def test_a_fault_inside_the_attention_folded_into_o_changes_what_it_computes(monkeypatch):
-    """The built-in faults act in the attention folded into O too: RoPE a slot off, or the new K/V never appended."""
-    monkeypatch.setattr(fused_decode, "ATTENTION_IN_O_MAX_ROWS", 2)
+@pytest.mark.parametrize("fold", ["ATTENTION_IN_O_MAX_ROWS", "ATTENTION_IN_QKV_MAX_ROWS"], ids=["into-o", "into-qkv"])
+def test_a_fault_inside_the_attention_folded_into_o_or_qkv_changes_what_it_computes(monkeypatch, fold):
+    """The built-in faults act in the attention folded into O, or into QKV's tail, too: RoPE a slot off, or the new
+    K/V never appended."""
+    monkeypatch.setattr(fused_decode, fold, 2)
     eager, run, decoder = fused_and_eager()
-    assert decoder.attention_in_o
+    assert decoder.attention_in_o if fold == "ATTENTION_IN_O_MAX_ROWS" else decoder.attention_in_qkv
     with torch.inference_mode():
         want = eager.step()
         decoder.rope_shift = 1
@@ -122,6 +124,47 @@ def test_a_fault_inside_the_attention_folded_into_o_changes_what_it_computes(mon
             layer.keys[:, :, eager.context_len] = 0
         decoder.step()
         assert all(layer.keys[:, :, eager.context_len].eq(0).all() for layer in run.cache.layers)
+
+
+@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
+def test_the_attention_in_qkvs_tail_computes_eager_logits_and_cache(family, context, monkeypatch):
+    """Each layer's attention computed in the tail of its QKV product (ATTENTION_IN_QKV_MAX_ROWS) by the program counted
+    last for each KV head: the logits and the cache are eager's over prefixes of one block and of three, with QKV
+    split over K and in blocks narrower than a head's columns (several programs count in for each head, and the
+    first block for every head), two rows, at layer 0 from the embedding rows."""
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2)
+    monkeypatch.setattr(fused_decode, "INTERPRETED_BN", 8)  # tiny's heads are 16 wide: two blocks a head
+    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
+    qkv = decoder.layers[0].qkv
+    assert decoder.attention_in_qkv and not decoder.attention_in_o and qkv.splits > 1 and qkv.bn < decoder.head_dim
+    assert decoder.kernels_per_step() == 4 * len(decoder.layers) + 1
+    assert decoder.attention_plan() == "attention: in QKV's tail, by the program counted last for each KV head"
+    decode_like_eager(eager, run, decoder, 3, after_each=lambda: _assert(not decoder.qkv_counted.any()))
+    assert_same_cache(run, eager, context + 3, length=context + 3)
+
+
+def test_each_kv_heads_arrivals_are_the_qkv_programs_holding_its_columns_and_the_first_block():
+    """kv_head_arrivals on Llama-3.2-1B's QKV (32 heads of 64 in groups of four, 8 KV heads) in 64-column blocks: four
+    blocks of q, one of k and one of v a head, and block 0 (head 0's first q block) for every head, each split;
+    in 256-column blocks (a group's q a block) k and v share one block with other heads'."""
+    product = lambda bn, splits: fused_decode.Product(torch.empty(0), 3072, 2048, bn, 128, splits, True, True)
+    assert fused_decode.kv_head_arrivals(product(64, 4), 32, 8, 64) == [6 * 4] + [7 * 4] * 7
+    assert fused_decode.kv_head_arrivals(product(256, 1), 32, 8, 64) == [3] + [4] * 7  # q; k's, v's and block 0
+
+
+def test_the_attention_folds_into_qkv_only_where_asked_one_chunk_a_kv_head_and_not_through_tma(monkeypatch):
+    fold, tiles = fused_decode.folds_attention_into_qkv, fused_decode.Product(torch.empty(0), 96, 64, 32, 32, 2, True,
+                                                                              True)
+    assert not fold(FusedOptions(), 1, 1, tiles)  # ATTENTION_IN_QKV_MAX_ROWS: 0, off
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2)
+    assert fold(FusedOptions(), 1, 1, tiles) and fold(FusedOptions(), 2, 1, tiles)
+    assert not fold(FusedOptions(), 3, 1, tiles)  # more rows
+    assert not fold(FusedOptions(), 1, 2, tiles)  # chunks to merge
+    assert not fold(FusedOptions(fold_attention=False), 1, 1, tiles)
+    assert not fold(FusedOptions(), 1, 1, dataclasses.replace(tiles, descriptor=object()))  # TMA's tiles
 
 
 def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
@@ -696,6 +739,26 @@ for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's groups of four 64-wide 
     adds = max(ptx.rfind("red.global"), ptx.rfind("atom.global"))
     print("attention_o", -1 < ptx.find("cp.async.bulk.prefetch.L2") < wait < adds < launch and "mma" in ptx[wait:]
           and ptx.count("cp.async.bulk.prefetch.L2") == 1)
+# the attention in QKV's tail: the product's partial sums stored by every thread (a barrier) before the counts, each
+# released and acquired at the GPU's scope, each thread's own acquire fence, then the head's attention on tensor cores;
+# held to the registers asked (maxnreg), so that the product's programs fit an SM as `_matvec`'s do
+from harness.kernels.fused_decode import _qkv_attention
+for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's and Qwen3-0.6B's heads
+    sig = dict.fromkeys(_qkv_attention.arg_names, "i32")  # the sizes and strides; the rest, in place, below
+    sig.update(X="*fp32", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Parts="*fp32", Squares="*fp32",
+               eps="fp32", Arrivals="*i32", Counted="*i32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16",
+               KNorm="*bf16", Keys="*bf16", Values="*bf16", AttnOut="*bf16", scale="fp32")
+    consts = dict(INPUT=0, SPLITS=4, ROWS=16, BN=64, BK=128, PACKED=True, DOT=True, PDL=True, PREFETCH=False, STAGES=0,
+                  ONE_TILE=False, LAUNCH=1, HEADS=heads, KV_HEADS=8, GROUP_PAD=16, D=d, BLOCK_N=64, QK_NORM=d == 128,
+                  ROPE_SHIFT=0, APPEND=True, IEEE=False, FENCE=True)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    ptx = triton.compile(ASTSource(_qkv_attention, sig, consts), target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_warps=8, maxnreg=64)).asm["ptx"]
+    launch, count = ptx.find("griddepcontrol.launch_dependents"), ptx.find("atom.global.gpu.acq_rel.add")
+    fence = ptx.find("fence.acq_rel.gpu", count)
+    print("qkv_attention", -1 < ptx.find("griddepcontrol.wait") < launch < count < fence and "mma" in ptx[:count]
+          and "mma" in ptx[fence:] and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
+          and ".maxnreg 64" in ptx)
 # fused.tma: the weight tiles copied by the tensor memory accelerator into shared memory after the PDL wait (with the
 # input the kernel before wrote), read there by Hopper's wgmma (`_matvec`'s pass through registers and ldmatrix);
 # the first tiles asked of L2 before the wait where PREFETCH; packed (gate/up: SwiGLU) and row-major (down: adds)
@@ -725,4 +788,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
-                                   + ["tma", "True"] * 2)
+                                   + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2)

@@ -240,6 +240,25 @@ def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatc
     assert off.failure is None and "TMA" not in off.mode_tags["fused_plan"] and "tma=off" in off.mode_tags["fused"]
 
 
+def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch):
+    """The attention in the QKV product's tail (ATTENTION_IN_QKV_MAX_ROWS, off by default) on the H200: each KV head's
+    attention computed by the QKV program counted last for it (counts released and acquired across SMs, each thread
+    fenced), one launch a layer fewer, captured with PDL and verified against fp32 at bs 1 and 2, the plan saying where
+    the attention ran; a lost K/V append inside it fails the run."""
+    from harness.kernels import fused_decode
+
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2)
+    for bs in (1, 2):
+        result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
+        assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+        assert result.mode_tags["fused_plan"].endswith(
+            "; attention: in QKV's tail, by the program counted last for each KV head"), result.mode_tags["fused_plan"]
+        assert result.metrics["kernel_launches_per_step"] == 4 * 28 + 1  # Qwen3-0.6B's 28 layers, and lm_head
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "kv_append_lost")
+    faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
+    assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
+
+
 def test_a_tuned_fused_step_times_its_candidates_and_is_verified():
     """fused.tune on the GPU: the candidates captured and timed, the plan the step runs named, and the run verified
     against fp32 like any fused run (a choice changes how a product launches, never what it computes)."""

@@ -10,7 +10,9 @@ Per layer, in launch order:
    RMSNorm and RoPE at the cache position to its group's queries; the chunk that holds the position appends the new
    K and V to the cache; attention over the chunk (attn=triton-decode's split-KV loop, harness/kernels/
    triton_decode.py); the last chunk of a KV head to finish merges them all. (`fused.fold_attention=false`: the
-   three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`.)
+   three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`. Off by default,
+   measured or not: inside every program of 3 instead, ATTENTION_IN_O_MAX_ROWS; in the tail of 1 instead, by the
+   program counted last for each KV head, ATTENTION_IN_QKV_MAX_ROWS.)
 3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
@@ -211,6 +213,21 @@ ATTENTION_LAUNCH_AT_START = True
 # now in every program of O and after its wait, costs more than the launch it saves
 ATTENTION_IN_O_MAX_ROWS = 0
 ATTENTION_O_REGISTERS = 128
+# Each layer's attention in the tail of its QKV product, one launch a layer fewer, where a step decodes at most this
+# many rows, the attention is one chunk a KV head and QKV's tiles pass through registers (folds_attention_into_qkv; the
+# kernel `_qkv_attention`): each program of the product, its partial sums stored, counts itself in for every KV head
+# whose q, k or v columns it computed (the first block for every head: it writes the norm's squares), and the program
+# counted last for a KV head computes that head's attention, as `_attention`'s one chunk does, and stores its output
+# for O. Unlike the attention folded into O, each head's attention runs once, and as soon as its own columns are
+# summed, while the product's other programs still stream their weights: the dependency is a head's, not the whole
+# kernel's. Off (0) until measured on a GPU: built and checked on the CPU (Triton's interpreter, and compiled for sm_90)
+# on 2026-12-04, when no GPU was lent; `python benchmarks/fused_prefetch.py --set into_qkv` pairs it with the default.
+ATTENTION_IN_QKV_MAX_ROWS = 0
+# ... on at most this many registers a thread (None: as ptxas allocates): the product's own code needs 56 on eight
+# warps, the attention's about 180 (Llama-3.2-1B's and Qwen3-0.6B's shapes compiled for sm_90). At 64 the product's
+# programs fit four an SM as `_matvec`'s do, and the attention, run by one program a KV head, spills about 250 bytes a
+# thread to local memory; at 128 it spills none, and two programs fit an SM (the benchmark set pairs both)
+QKV_ATTENTION_REGISTERS = 64
 # fused.tma: in a model TMA_FROM_HIDDEN wide or wider, the products that run as tiles with 16-bit weights (every kind of
 # an 8B model's in bf16, at any batch) stream their weight tiles through the Hopper's tensor memory accelerator into
 # shared memory, where the tensor cores read them (`_matvec_tma`, Triton's pipeliner keeping `tma_stages` tiles in
@@ -728,7 +745,7 @@ def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, ch
     heads, real = kv_head * (HEADS // KV_HEADS) + g, g < HEADS // KV_HEADS
     out_at = Out + row * o_row + heads[:, None] * D + d[None, :]
     if chunks == 1:
-        tl.store(out_at, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=real[:, None])
+        _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
     else:
         at = (row * HEADS + heads) * SPLITS + split
         tl.store(Acc + at[:, None] * D + d[None, :], acc, mask=real[:, None])
@@ -745,6 +762,82 @@ def _finish(acc, m_i, l_i, Acc, M, L, Count, Out, o_row, row, kv_head, split, ch
                     out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, chunks, D, MERGE_BLOCK, ".cg")
                     tl.store(Out + row * o_row + head * D + d, out.to(Out.dtype.element_ty))
             tl.store(Count + row * KV_HEADS + kv_head, 0)
+
+
+@triton.jit
+def _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                 GROUP_PAD: tl.constexpr, D: tl.constexpr):
+    """The KV head's group of heads' output from their one chunk's softmax (the padding rows not stored)."""
+    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+    heads, real = kv_head * (HEADS // KV_HEADS) + g, g < HEADS // KV_HEADS
+    tl.store(Out + row * o_row + heads[:, None] * D + d[None, :], (acc / l_i[:, None]).to(Out.dtype.element_ty),
+             mask=real[:, None])
+
+
+@triton.jit
+def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Parts, Squares, rows, k_total, n_total, k_per_split, k_tiles, eps,
+                   prefetch_bytes, prefetch_ahead, Arrivals, Counted, Pos, Cos, Sin, QNorm, KNorm, Keys, Values,
+                   AttnOut, o_row, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, INPUT: tl.constexpr,
+                   SPLITS: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr,
+                   DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+                   ONE_TILE: tl.constexpr, LAUNCH: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                   GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr,
+                   ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr, FENCE: tl.constexpr):
+    """The layer's QKV product (`_matvec`: the norm, partial sums of each K split), then its attention in the
+    product's tail (ATTENTION_IN_QKV_MAX_ROWS): the program counted last for a KV head (Arrivals says how many count
+    themselves in for it: kv_head_arrivals) computes that head's attention over the whole valid prefix [0, pos] and
+    sets its count back to 0 for the next layer. FENCE: each thread's own acquire at the GPU's scope after the count,
+    so that none of its loads of the other programs' sums can be served by a line in this SM's L1."""
+    _matvec(X, x_row, ResOut, Ids, Gain, W, Parts, Squares, Squares, rows, k_total, n_total, n_total, k_per_split,
+            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT, True, 0, SPLITS, False, ROWS, BN, BK, PACKED, DOT,
+            PDL, PREFETCH, STAGES, ONE_TILE, LAUNCH)
+    pid_n = tl.program_id(0)
+    lo = pid_n * BN
+    hi = tl.minimum(lo + BN, n_total)
+    tl.debug_barrier()  # every thread's partial sums written before the counts (released at the GPU's scope) say so
+    for kv_head in range(KV_HEADS):
+        if _holds_kv_head(lo, hi, kv_head, HEADS, KV_HEADS, D) or pid_n == 0:
+            counted = tl.atomic_add(Counted + kv_head, 1, sem="acq_rel", scope="gpu")
+            if counted == tl.load(Arrivals + kv_head) - 1:  # the last: every sum the head's attention reads is written
+                if FENCE:
+                    _acquire_at_gpu_scope()
+                _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows,
+                                n_total, k_total, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head,
+                                HEADS, KV_HEADS, GROUP_PAD, D, SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE)
+                tl.store(Counted + kv_head, 0)
+
+
+@triton.jit
+def _holds_kv_head(lo, hi, kv_head, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr):
+    """Whether QKV's columns [lo, hi) hold any of the KV head's: its group's q, its k or its v (kv_head_arrivals)."""
+    group_width = HEADS // KV_HEADS * D
+    q, k, v = kv_head * group_width, (HEADS + kv_head) * D, (HEADS + KV_HEADS + kv_head) * D
+    return ((lo < q + group_width) & (q < hi)) | ((lo < k + D) & (k < hi)) | ((lo < v + D) & (v < hi))
+
+
+@triton.jit
+def _acquire_at_gpu_scope():
+    """fence.acq_rel.gpu in every thread (inline PTX: a GPU only)."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [tl.zeros([32], tl.int32)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Out, o_row, rows, n_total, hidden, eps,
+                    scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head, HEADS: tl.constexpr,
+                    KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr,
+                    IEEE: tl.constexpr):
+    """Each row's attention for the KV head's group over the whole valid prefix [0, pos], one chunk as `_attention`'s
+    (the new K/V appended first), stored for the O product."""
+    pos = tl.load(Pos, cache_modifier=".cg")
+    cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
+    for row in range(rows):
+        acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
+                               scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, 0,
+                               pos.to(tl.int32) + 1, True, pos, pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
+                               BLOCK_N, QK_NORM, APPEND, IEEE, True, False, False)
+        _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
 
 
 @triton.jit
@@ -939,6 +1032,26 @@ def folds_attention_into_o(options: FusedOptions, rows: int, heads: int, kv_head
     group = heads // kv_heads
     return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_O_MAX_ROWS
             and group == triton.next_power_of_2(group))
+
+
+def folds_attention_into_qkv(options: FusedOptions, rows: int, chunks: int, qkv: Product) -> bool:
+    """Whether a step computes each layer's attention in the tail of its QKV product: the attention folded, one chunk a
+    KV head, ATTENTION_IN_QKV_MAX_ROWS rows at most, and QKV's tiles through registers (`_matvec`, not TMA)."""
+    return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_QKV_MAX_ROWS
+            and qkv.descriptor is None)
+
+
+def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> list[int]:
+    """For each KV head, the programs of the QKV product that count themselves in for it in `_qkv_attention`: every
+    K split of each block of qkv.bn columns that holds any of its group's q, its k or its v (as `_holds_kv_head`
+    decides), and of the first block, which writes the norm's squares that every head's attention reads."""
+    group_width, arrivals = heads // kv_heads * head_dim, []
+    for kv_head in range(kv_heads):
+        spans = [(kv_head * group_width, group_width), ((heads + kv_head) * head_dim, head_dim),
+                 ((heads + kv_heads + kv_head) * head_dim, head_dim)]
+        blocks = {0, *(b for start, width in spans for b in range(start // qkv.bn, (start + width - 1) // qkv.bn + 1))}
+        arrivals.append(qkv.splits * len(blocks))
+    return arrivals
 
 
 def attention_o_warps() -> dict:
@@ -1226,6 +1339,8 @@ class FusedDecoder:
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
         self.attention_in_o = folds_attention_into_o(options, rows, self.heads, self.kv_heads, self.attn_acc.shape[2])
+        self.attention_in_qkv = not self.attention_in_o and folds_attention_into_qkv(
+            options, rows, self.attn_acc.shape[2], self.layers[0].qkv)
         if self.attention_in_o:
             block = attention_o_block(self.hidden, self.kv_heads)
             with torch.no_grad():
@@ -1286,26 +1401,57 @@ class FusedDecoder:
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
         self.chunks_done = torch.zeros(rows, self.kv_heads, device=like.device, dtype=torch.int32)
+        # the attention in QKV's tail: the programs that count themselves in for each KV head, and their count so far
+        self.qkv_arrivals = torch.tensor(kv_head_arrivals(first.qkv, self.heads, self.kv_heads, self.head_dim),
+                                         device=like.device, dtype=torch.int32)
+        self.qkv_counted = torch.zeros(self.kv_heads, device=like.device, dtype=torch.int32)
 
     def kernels_per_step(self) -> int:
-        return (4 if self.attention_in_o else 5 if self.options.fold_attention else 7) * len(self.layers) + 1
+        folded = self.attention_in_o or self.attention_in_qkv
+        return (4 if folded else 5 if self.options.fold_attention else 7) * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
         position = self.cache.layers[0].cumulative_length
         for index, (layer, kv) in enumerate(zip(self.layers, self.cache.layers)):
-            if index == 0:  # the embedding rows of the input ids are the residual stream's first value
-                self._product(layer.qkv, self.qkv_parts, self.embedding, input=EMBEDDING, gain=layer.attn_norm)
-            else:
-                self._product(layer.qkv, self.qkv_parts, self.residual, gain=layer.attn_norm)
+            # at layer 0 the embedding rows of the input ids are the residual stream's first value
+            x, source = (self.embedding, EMBEDDING) if index == 0 else (self.residual, PLAIN)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
-            if self.attention_in_o:
-                self._attention_o(layer, kv, position, bump)
-            else:
-                self._attention_then_o(layer, kv, position, bump)
+            self._attention_block(layer, kv, position, x, source, bump)
             self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
             self._product(layer.down, self.residual, self.act, output=ADD)
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
         return self.logits
+
+    def _attention_block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
+        """QKV, the attention and O, added to the residual stream: three launches, or two where the attention is
+        folded into QKV's tail or into O, or five where it is not folded at all."""
+        if self.attention_in_qkv:
+            self._qkv_attention(layer, kv, position, x, source)
+            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
+            return
+        self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm)
+        if self.attention_in_o:
+            self._attention_o(layer, kv, position, bump)
+        else:
+            self._attention_then_o(layer, kv, position, bump)
+
+    def _qkv_attention(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int) -> None:
+        """The QKV product with the layer's attention in its tail (ATTENTION_IN_QKV_MAX_ROWS): one launch for both."""
+        product, keys, values = layer.qkv, kv.keys, kv.values
+        padded = triton.next_power_of_2(self.rows)
+        _qkv_attention[product.grid](
+            x, x.stride(0), self.residual, self.input_ids, layer.attn_norm, product.weight, self.qkv_parts,
+            self.squares, self.rows, product.k, product.n, triton.cdiv(product.k, product.splits), product.k_tiles,
+            self.eps, product.prefetch_bytes, product.prefetch_ahead, self.qkv_arrivals, self.qkv_counted, position,
+            self.cos, self.sin, *self._head_norms(layer, self.cos), keys, values, self.attn_out,
+            self.attn_out.stride(0), self.scale, *keys.stride()[:3], *values.stride()[:3], INPUT=source,
+            SPLITS=product.splits, ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk,
+            PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES,
+            ONE_TILE=product.one_tile, LAUNCH=launch_point(product), HEADS=self.heads, KV_HEADS=self.kv_heads,
+            GROUP_PAD=self.group_pad, D=self.head_dim, BLOCK_N=ATTN_BLOCK_N, QK_NORM=layer.q_norm is not None,
+            ROPE_SHIFT=self.rope_shift, APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(),
+            FENCE=not interpreted(), num_warps=product.warps, **self._launch(),
+            **({"maxnreg": QKV_ATTENTION_REGISTERS} if QKV_ATTENTION_REGISTERS and not interpreted() else {}))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         if self.options.fold_attention:
@@ -1381,6 +1527,7 @@ class FusedDecoder:
         kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
         first, second = layer.gate_up.weight, layer.down.weight
         if (not (self.options.weights_ahead and self.options.fold_attention) or interpreted()
+                or self.attention_in_o or self.attention_in_qkv  # (`_attention`, which asks, is not launched)
                 or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
                 or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None
@@ -1388,6 +1535,16 @@ class FusedDecoder:
         bytes2 = min(second.numel() * second.element_size(), WEIGHTS_AHEAD_BYTES - bytes1) // 16 * 16
         programs = self.rows * self.kv_heads * self.attn_acc.shape[2]
         return first, bytes1, second, bytes2, triton.cdiv(triton.cdiv(bytes1 + bytes2, programs), 16) * 16
+
+    def attention_plan(self) -> str:
+        """Where the step computes each layer's attention, as the run's `fused_plan` tag ends."""
+        if self.attention_in_qkv:
+            return "attention: in QKV's tail, by the program counted last for each KV head"
+        if self.attention_in_o:
+            return "attention: in every program of O"
+        ahead = self.weights_ahead(self.layers[0])
+        return (f"attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked of L2" if ahead else
+                "attention: no weights asked of L2")
 
     def _kv_prefetch(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
         """KV_PREFETCH where it applies: a GPU (the bulk prefetch is inline PTX) and each KV head's slots contiguous."""

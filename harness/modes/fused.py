@@ -44,10 +44,8 @@ class FusedStepper(GraphedStepper):
                                       for field in dataclasses.fields(options))  # each technique, as it ran
         if options.tune:
             self._tune(prompt)
-        self.tags["fused_plan"] = "; ".join(f"{kind}: {product}" for kind, product in self.decoder.products().items())
-        ahead = self.decoder.weights_ahead(self.decoder.layers[0])
-        self.tags["fused_plan"] += (f"; attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked "
-                                    "of L2" if ahead else "; attention: no weights asked of L2")
+        self.tags["fused_plan"] = "; ".join([*(f"{kind}: {product}" for kind, product in self.decoder.products().items()),
+                                             self.decoder.attention_plan()])
 
     def _tune(self, prompt: torch.Tensor) -> None:
         """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused_tune.py), from
