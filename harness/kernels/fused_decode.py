@@ -224,10 +224,10 @@ ATTENTION_O_REGISTERS = 128
 # on 2026-12-04, when no GPU was lent; `python benchmarks/fused_prefetch.py --set into_qkv` pairs it with the default.
 ATTENTION_IN_QKV_MAX_ROWS = 0
 # ... on at most this many registers a thread (None: as ptxas allocates): the product's own code needs 56 on eight
-# warps, the attention's about 180 (Llama-3.2-1B's and Qwen3-0.6B's shapes compiled for sm_90 by Triton 3.9; the
-# H200's 3.6 may allocate otherwise). At 64 the product's programs fit four an SM as `_matvec`'s do, and the
-# attention, run by one program a KV head, spills about 250 bytes a thread to local memory; at 128 it spills none, and
-# two programs fit an SM (the benchmark set pairs both)
+# warps, with the attention 174-177 (Llama-3.2-1B's and Qwen3-0.6B's shapes compiled for sm_90 by Triton 3.6, the
+# H200's). At 64 the product's programs fit four an SM as `_matvec`'s do, and the attention, run by one program a KV
+# head, spills 152-208 bytes a thread to local memory; at 128 it spills none, and two programs fit an SM (the
+# benchmark set pairs both)
 QKV_ATTENTION_REGISTERS = 64
 # fused.tma: in a model TMA_FROM_HIDDEN wide or wider, the products that run as tiles with 16-bit weights (every kind of
 # an 8B model's in bf16, at any batch) stream their weight tiles through the Hopper's tensor memory accelerator into
