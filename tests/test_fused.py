@@ -745,10 +745,10 @@ for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's groups of four 64-wide 
 from harness.kernels.fused_decode import _qkv_attention
 for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's and Qwen3-0.6B's heads
     sig = dict.fromkeys(_qkv_attention.arg_names, "i32")  # the sizes and strides; the rest, in place, below
-    sig.update(X="*fp32", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Parts="*fp32", Squares="*fp32",
-               eps="fp32", Arrivals="*i32", Counted="*i32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16",
-               KNorm="*bf16", Keys="*bf16", Values="*bf16", AttnOut="*bf16", scale="fp32")
-    consts = dict(INPUT=0, SPLITS=4, ROWS=16, BN=64, BK=128, PACKED=True, DOT=True, PDL=True, PREFETCH=False, STAGES=0,
+    sig.update(X="*fp32", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32",
+               Bump="*i64", eps="fp32", Arrivals="*i32", Counted="*i32", Pos="*i64", Cos="*fp32", Sin="*fp32",
+               QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", AttnOut="*bf16", scale="fp32")
+    consts = dict(INPUT=0, NORM=True, OUTPUT=0, BUMP=False, SPLITS=4, ROWS=16, BN=64, BK=128, PACKED=True, DOT=True, PDL=True, PREFETCH=False, STAGES=0,
                   ONE_TILE=False, LAUNCH=1, HEADS=heads, KV_HEADS=8, GROUP_PAD=16, D=d, BLOCK_N=64, QK_NORM=d == 128,
                   ROPE_SHIFT=0, APPEND=True, IEEE=False, FENCE=True)
     sig.update(dict.fromkeys(consts, "constexpr"))

@@ -776,21 +776,24 @@ def _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS: tl.constexpr, KV_HEA
 
 
 @triton.jit
-def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Parts, Squares, rows, k_total, n_total, k_per_split, k_tiles, eps,
-                   prefetch_bytes, prefetch_ahead, Arrivals, Counted, Pos, Cos, Sin, QNorm, KNorm, Keys, Values,
-                   AttnOut, o_row, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, INPUT: tl.constexpr,
-                   SPLITS: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr,
-                   DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-                   ONE_TILE: tl.constexpr, LAUNCH: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                   GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr,
-                   ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr, FENCE: tl.constexpr):
-    """The layer's QKV product (`_matvec`: the norm, partial sums of each K split), then its attention in the
-    product's tail (ATTENTION_IN_QKV_MAX_ROWS): the program counted last for a KV head (Arrivals says how many count
-    themselves in for it: kv_head_arrivals) computes that head's attention over the whole valid prefix [0, pos] and
-    sets its count back to 0 for the next layer. FENCE: each thread's own acquire at the GPU's scope after the count,
-    so that none of its loads of the other programs' sums can be served by a line in this SM's L1."""
-    _matvec(X, x_row, ResOut, Ids, Gain, W, Parts, Squares, Squares, rows, k_total, n_total, n_total, k_per_split,
-            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT, True, 0, SPLITS, False, ROWS, BN, BK, PACKED, DOT,
+def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
+                   k_tiles, eps, prefetch_bytes, prefetch_ahead, Arrivals, Counted, Pos, Cos, Sin, QNorm, KNorm, Keys,
+                   Values, AttnOut, o_row, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, INPUT: tl.constexpr,
+                   NORM: tl.constexpr, OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr,
+                   ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
+                   PDL: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr, ONE_TILE: tl.constexpr,
+                   LAUNCH: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
+                   D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
+                   APPEND: tl.constexpr, IEEE: tl.constexpr, FENCE: tl.constexpr):
+    """The layer's QKV product (`_matvec`, its arguments first: the norm, partial sums of each K split into Out and
+    their squares into SquaresOut), then its attention in the product's tail (ATTENTION_IN_QKV_MAX_ROWS): the program
+    counted last for a KV head (Arrivals says how many count themselves in for it: kv_head_arrivals) computes that
+    head's attention over the whole valid prefix [0, pos] and sets its count back to 0 for the next layer. FENCE: each
+    thread's own acquire at the GPU's scope after the count, so that none of its loads of the other programs' sums can
+    be served by a line in this SM's L1."""
+    tl.static_assert(NORM and OUTPUT == 0 and not BUMP, "the attention reads QKV's normed partial sums (PARTIALS)")
+    _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
+            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT, NORM, OUTPUT, SPLITS, BUMP, ROWS, BN, BK, PACKED, DOT,
             PDL, PREFETCH, STAGES, ONE_TILE, LAUNCH)
     pid_n = tl.program_id(0)
     lo = pid_n * BN
@@ -802,7 +805,7 @@ def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Parts, Squares, rows, k_total
             if counted == tl.load(Arrivals + kv_head) - 1:  # the last: every sum the head's attention reads is written
                 if FENCE:
                     _acquire_at_gpu_scope()
-                _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows,
+                _head_attention(Out, SquaresOut, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows,
                                 n_total, k_total, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head,
                                 HEADS, KV_HEADS, GROUP_PAD, D, SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE)
                 tl.store(Counted + kv_head, 0)
@@ -971,11 +974,13 @@ class Product:
 
 def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: int, *, residual=None, ids=None,
                    gain=None, squares=None, bump=None, eps: float = 1e-6, input: int = PLAIN, output: int = PARTIALS,
-                   pdl: bool = False) -> None:
+                   pdl: bool = False, attention: tuple[tuple, dict] | None = None) -> None:
     """One `_matvec` launch as `product` plans it: x [rows, k] (input=EMBEDDING: the rows of the table x that `ids`
     name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
     cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
-    in). The step and the benchmarks launch products through this one call."""
+    in). `attention`: `_qkv_attention`'s own arguments and options, after the product's, where the layer's attention
+    runs in this (QKV) product's tail (folds_attention_into_qkv: its tiles through registers). The step and the
+    benchmarks launch products through this one call."""
     residual, ids, gain_given = out if residual is None else residual, out if ids is None else ids, gain is not None
     gain, squares = out if gain is None else gain, out if squares is None else squares
     bump_at = out if bump is None else bump
@@ -990,8 +995,13 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
         _matvec_tma[product.grid](x, x.stride(0), residual, ids, gain, product.weight, product.descriptor, out,
                                   squares, bump_at, *sizes, STAGES=product.stages, **shared)
         return
-    _matvec[product.grid](x, x.stride(0), residual, ids, gain, product.weight, out, squares, bump_at, *sizes,
-                          product.prefetch_ahead, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile, **shared)
+    arguments = (x, x.stride(0), residual, ids, gain, product.weight, out, squares, bump_at, *sizes,
+                 product.prefetch_ahead)
+    options = dict(STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile, **shared)
+    if attention is None:
+        _matvec[product.grid](*arguments, **options)
+    else:
+        _qkv_attention[product.grid](*arguments, *attention[0], **options, **attention[1])
 
 
 def launch_point(product: Product) -> int:
@@ -1438,21 +1448,15 @@ class FusedDecoder:
 
     def _qkv_attention(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int) -> None:
         """The QKV product with the layer's attention in its tail (ATTENTION_IN_QKV_MAX_ROWS): one launch for both."""
-        product, keys, values = layer.qkv, kv.keys, kv.values
-        padded = triton.next_power_of_2(self.rows)
-        _qkv_attention[product.grid](
-            x, x.stride(0), self.residual, self.input_ids, layer.attn_norm, product.weight, self.qkv_parts,
-            self.squares, self.rows, product.k, product.n, triton.cdiv(product.k, product.splits), product.k_tiles,
-            self.eps, product.prefetch_bytes, product.prefetch_ahead, self.qkv_arrivals, self.qkv_counted, position,
-            self.cos, self.sin, *self._head_norms(layer, self.cos), keys, values, self.attn_out,
-            self.attn_out.stride(0), self.scale, *keys.stride()[:3], *values.stride()[:3], INPUT=source,
-            SPLITS=product.splits, ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk,
-            PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0, STAGES=PIPELINE_STAGES,
-            ONE_TILE=product.one_tile, LAUNCH=launch_point(product), HEADS=self.heads, KV_HEADS=self.kv_heads,
-            GROUP_PAD=self.group_pad, D=self.head_dim, BLOCK_N=ATTN_BLOCK_N, QK_NORM=layer.q_norm is not None,
-            ROPE_SHIFT=self.rope_shift, APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(),
-            FENCE=not interpreted(), num_warps=product.warps, **self._launch(),
-            **({"maxnreg": QKV_ATTENTION_REGISTERS} if QKV_ATTENTION_REGISTERS and not interpreted() else {}))
+        keys, values = kv.keys, kv.values
+        arguments = (self.qkv_arrivals, self.qkv_counted, position, self.cos, self.sin,
+                     *self._head_norms(layer, self.cos), keys, values, self.attn_out, self.attn_out.stride(0),
+                     self.scale, *keys.stride()[:3], *values.stride()[:3])
+        options = dict(HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=self.group_pad, D=self.head_dim,
+                       BLOCK_N=ATTN_BLOCK_N, QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift,
+                       APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(), FENCE=not interpreted(),
+                       **({"maxnreg": QKV_ATTENTION_REGISTERS} if QKV_ATTENTION_REGISTERS and not interpreted() else {}))
+        self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm, attention=(arguments, options))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         if self.options.fold_attention:
@@ -1476,10 +1480,12 @@ class FusedDecoder:
             **self._launch(), **attention_o_warps())
 
     def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
-                 output=PARTIALS, bump=None) -> None:
-        """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight."""
+                 output=PARTIALS, bump=None, attention=None) -> None:
+        """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight
+        (`attention`: launch_product's)."""
         launch_product(product, x, out, self.rows, residual=self.residual, ids=self.input_ids, gain=gain,
-                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, pdl=self.options.pdl)
+                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, pdl=self.options.pdl,
+                       attention=attention)
 
     def _launch(self) -> dict:
         return pdl_launch(self.options.pdl)

@@ -137,7 +137,7 @@ def prune(folder: Path, budget: int, keep: Path) -> list[tuple[str, int]]:
     bytes at most, and any part-written file older than STALE_PART_S; `keep`, the step just saved, stays whatever its
     size. Another process may prune or write the same folder at once: a file gone already is passed over. Returns
     each deleted step's (or note's) name and bytes, oldest first."""
-    now, kept, deleted = time.time(), [], []
+    now, candidates, deleted = time.time(), [], []
     for path in folder.iterdir():
         try:
             stat = path.stat()
@@ -147,9 +147,9 @@ def prune(folder: Path, budget: int, keep: Path) -> list[tuple[str, int]]:
             if now - stat.st_mtime > STALE_PART_S:
                 path.unlink(missing_ok=True)
         elif path.suffix in (".step", ".not-kept") and path != keep:
-            kept.append((stat.st_mtime, path.name, stat.st_size))
-    total = sum(size for _, _, size in kept) + (keep.stat().st_size if keep.exists() else 0)
-    for _, name, size in sorted(kept):
+            candidates.append((stat.st_mtime, path.name, stat.st_size))
+    total = sum(size for _, _, size in candidates) + (keep.stat().st_size if keep.exists() else 0)
+    for _, name, size in sorted(candidates):
         if total <= budget:
             break
         (folder / name).unlink(missing_ok=True)
