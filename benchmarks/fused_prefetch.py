@@ -17,6 +17,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
     python benchmarks/fused_prefetch.py --set into_o model=...      # the attention folded into the O product
     python benchmarks/fused_prefetch.py --set into_qkv model=...    # the attention in the QKV product's tail
+    python benchmarks/fused_prefetch.py --set mlp model=...         # gate/up, SiLU·mul and down in one kernel
     python benchmarks/fused_prefetch.py --set slices model=...      # a slice's values a thread; gate/up as tiles
     python benchmarks/fused_prefetch.py --set queries model=...     # the chunk's first K/V before the queries
     python benchmarks/fused_prefetch.py --set rules model=...       # the slice rule against the kernels before
@@ -149,6 +150,17 @@ INTO_QKV_VARIANTS = [("attention in its own kernel (the default)", [], {}),
                       dict(ATTENTION_IN_QKV_MAX_ROWS=8, QKV_ATTENTION_REGISTERS=128)),
                      ("attention in QKV's tail, registers left to ptxas", [],
                       dict(ATTENTION_IN_QKV_MAX_ROWS=8, QKV_ATTENTION_REGISTERS=None))]
+# `--set mlp`: each layer's MLP in one kernel (gate/up's columns and their share of down, added into the next layer's
+# residual buffer), its slice of down asked of L2 or not, wider slices (a program an SM), its registers left to ptxas,
+# and with the attention in QKV's tail too (three kernels a layer)
+MLP_VARIANTS = [("gate/up, then down (the default)", [], {}),
+                ("MLP in one kernel", [], dict(MLP_IN_ONE_MAX_ROWS=8)),
+                ("MLP in one kernel, down not asked of L2", [], dict(MLP_IN_ONE_MAX_ROWS=8, MLP_DOWN_TO_L2=False)),
+                ("MLP in one kernel, twice the columns a program", [],
+                 dict(MLP_IN_ONE_MAX_ROWS=8, MLP_PROGRAMS=fused_decode.SMS // 2)),
+                ("MLP in one kernel, registers left to ptxas", [], dict(MLP_IN_ONE_MAX_ROWS=8, MLP_REGISTERS=None)),
+                ("MLP in one kernel, attention in QKV's tail", [],
+                 dict(MLP_IN_ONE_MAX_ROWS=8, ATTENTION_IN_QKV_MAX_ROWS=8))]
 # `--set slices`: fused.slices' values a thread (64, the default before the slice rules: 32 or 128), and gate/up as
 # tiles instead of slices (which fused.tune took for Llama-3.2-1B before gate/up launched the next kernel after its
 # stores), after its loop or after its stores; each row with the rules as they were when leases X6 and Y2 paired them
@@ -234,6 +246,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS, "into_qkv": INTO_QKV_VARIANTS,
+        "mlp": MLP_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
@@ -245,7 +258,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "ATTENTION_IN_QKV_MAX_ROWS", "QKV_ATTENTION_REGISTERS",
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
-    "TMA_WIDE_PROGRAMS_PER_SM")}
+    "TMA_WIDE_PROGRAMS_PER_SM", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS", "MLP_REGISTERS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -167,6 +167,76 @@ def test_the_attention_folds_into_qkv_only_where_asked_one_chunk_a_kv_head_and_n
     assert not fold(FusedOptions(), 1, 1, dataclasses.replace(tiles, descriptor=object()))  # TMA's tiles
 
 
+@pytest.mark.parametrize("family, layers, attention_in_qkv", [((), 4, False), (LLAMA, 3, False), ((), 5, True)],
+                         ids=["qwen3-4-layers", "llama-3-layers", "qwen3-5-layers-attention-in-qkv"])
+def test_the_mlp_in_one_kernel_computes_eager_logits_and_cache(family, layers, attention_in_qkv, monkeypatch):
+    """Each layer's gate/up, SiLU·mul and down in one kernel (MLP_IN_ONE_MAX_ROWS), eight programs of 16 columns of the
+    intermediate, each adding its share of down into the next layer's residual buffer: the logits and the cache are
+    eager's step after step, two rows, through four residual buffers taken in turn (each zeroed by an earlier
+    layer's MLP), over gate/up's K and down's outputs in blocks of 16; with the attention in QKV's tail too."""
+    monkeypatch.setattr(fused_decode, "MLP_IN_ONE_MAX_ROWS", 2)
+    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2 if attention_in_qkv else 0)
+    cfg, model, prompt = tiny_model_and_prompt(*family, f"model.num_hidden_layers={layers}")
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
+    block = decoder.layers[0].mlp
+    assert decoder.mlp_in_one and decoder.attention_in_qkv == attention_in_qkv and len(decoder.layers) == layers
+    assert (block.programs, block.columns, block.bk, block.bh) == (8, 16, 16, 16)
+    assert decoder.kernels_per_step() == (3 if attention_in_qkv else 4) * layers + 1
+    assert "gate_up" not in decoder.products() and "down" not in decoder.products()
+    assert decoder.mlp_plan().startswith("mlp: gate/up, SiLU·mul and down in one kernel, 16 columns")
+    decode_like_eager(eager, run, decoder, 5)
+    assert_same_cache(run, eager, eager.context_len, length=None)
+
+
+def test_each_layers_mlp_adds_into_a_residual_buffer_no_kernel_reads_then_and_that_holds_zeros():
+    """residual_buffers, played over three steps of a model of 3 to 40 layers as the kernels touch the buffers: QKV
+    of layer 0 writes the embedding rows to buffer 0; each layer's QKV and O read and add to its residual in place; its
+    MLP reads it, adds into a buffer that must hold zeros and hold nothing else read later, and zeroes another that
+    none of its own reads or adds touches; lm_head reads the last layer's."""
+    for layers in range(3, 41):
+        into, held = fused_decode.residual_buffers(layers), ["zeros"] * 4
+        for step in range(3):
+            held[0], residual = ("embedding", step), 0
+            for layer in range(layers):
+                added, zeroed = into[layer], into[(layer + 1) % layers]
+                assert held[added] == "zeros" and len({residual, added, zeroed}) == 3, (layers, step, layer)
+                held[added], held[zeroed], residual = ("residual", step, layer), "zeros", added
+            assert held[residual] == ("residual", step, layers - 1)  # what lm_head reads
+    with pytest.raises(ValueError, match="3 decoder layers at least, not 2"):
+        fused_decode.residual_buffers(2)
+
+
+def test_the_mlp_runs_in_one_kernel_only_where_asked_with_three_layers_and_not_through_tma(monkeypatch):
+    fold, tiles = fused_decode.folds_mlp, fused_decode.Product(torch.empty(0), 256, 64, 32, 32, 1, True, True)
+    assert not fold(1, 28, tiles)  # MLP_IN_ONE_MAX_ROWS: 0, off
+    monkeypatch.setattr(fused_decode, "MLP_IN_ONE_MAX_ROWS", 2)
+    assert fold(1, 28, tiles) and fold(2, 3, tiles)
+    assert not fold(3, 28, tiles)  # more rows
+    assert not fold(1, 2, tiles)  # too few layers for the residual buffers
+    assert not fold(1, 28, dataclasses.replace(tiles, descriptor=object()))  # TMA's tiles
+    eager, run, decoder = fused_and_eager()  # tiny: 2 layers, the MLP as two products
+    assert not decoder.mlp_in_one and decoder.mlp_plan() == "mlp: gate/up, then down"
+    assert {"gate_up", "down"} <= set(decoder.products())
+
+
+def test_the_mlp_in_one_kernel_takes_the_widest_slice_leaving_a_program_an_sm_and_packs_each_slice(monkeypatch):
+    """On the GPU's plan, Qwen3-0.6B's intermediate (3072) in slices of 16 columns (192 programs; 32 would leave 96)
+    and Llama-3.2-1B's (8192) of 32 (256); each program's paired gate/up tiles and its slice of down's columns are
+    the weights' own, and what passes the intermediate's end is zeros."""
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
+    assert fused_decode.mlp_columns(3072) == 16 and fused_decode.mlp_columns(8192) == 32
+    gate, up, down = torch.randn(20, 64), torch.randn(20, 64), torch.randn(64, 20)
+    block = fused_decode.plan_mlp(gate, up, down)  # 20 columns: MLP_MIN_COLUMNS (8) a program, the last 4 past the end
+    assert (block.columns, block.programs, block.bk, block.bh) == (8, 3, 64, 64)  # a tile holds all of hidden's 64
+    tiles = block.pair.view(block.programs, 1, 2 * block.columns, block.bk)
+    assert torch.equal(tiles[0, 0], torch.cat([gate[:8], up[:8]])) and torch.equal(tiles[1, 0, 8:], up[8:16])
+    assert torch.equal(tiles[2, 0, :4], gate[16:]) and torch.equal(tiles[2, 0, 8:12], up[16:])
+    assert not tiles[2, 0, 4:8].any() and not tiles[2, 0, 12:].any()
+    assert torch.equal(block.down[1], down[:, 8:16]) and torch.equal(block.down[2, :, :4], down[:, 16:])
+    assert not block.down[2, :, 4:].any()
+
+
 def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
     """The products' other loop (Triton's pipeliner after the first tile), over splits of several tiles each: the
     same logits as eager's, step after step."""
@@ -391,7 +461,7 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     # on a CPU the GPU's techniques are off, and the tag says so
     assert tags["fused"] == ("pdl=off split_k=on packed=on prefetch=off fold_attention=on tune=off slices=off "
                              "weights_ahead=off tma=off")
-    assert tags["fused_plan"].endswith("; attention: no weights asked of L2")
+    assert tags["fused_plan"].endswith("; attention: no weights asked of L2; mlp: gate/up, then down")
     prefetched = run_config(*FUSED, "fused.prefetch=true", "fused.split_k=false", "fused.fold_attention=false")
     assert prefetched.label.endswith("fused split_k=off prefetch=on fold_attention=off")  # each switch named where off its default
     # the label's defaults are the schema's: a default changed in one place only would name (or hide) a switch
@@ -776,6 +846,24 @@ for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, 
                                                   "griddepcontrol.launch_dependents"))
     print("tma", wait < copy < launch and "wgmma.mma_async" in ptx[copy:launch]
           and (-1 < ptx.find("cp.async.bulk.prefetch.L2") < wait) == product["PREFETCH"])
+# the MLP in one kernel: its slice of down asked of L2 and its first gate/up tile loaded in 16-byte loads before the PDL
+# wait; the next kernel let launch after gate/up's loop; then its share of zeros stored and down's sums added to the
+# next residual atomically, in vectors of fp32
+from harness.kernels.fused_decode import _mlp
+for hidden, columns, bk, bh in ((2048, 32, 256, 512), (1024, 16, 512, 1024)):  # Llama-3.2-1B's and Qwen3-0.6B's
+    sig = dict.fromkeys(_mlp.arg_names, "i32")
+    sig.update(Residual="*fp32", Next="*fp32", Zero="*fp32", Gain="*bf16", Pair="*bf16", Down="*bf16", eps="fp32")
+    consts = dict(ROWS=1, C=columns, BK=bk, BH=bh, ZB=16, ONE_TILE=False, PDL=True, DOWN_TO_L2=True)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name == "hidden"]
+    ptx = triton.compile(ASTSource(_mlp, sig, consts, attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
+                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, maxnreg=128)).asm["ptx"]
+    prefetch, wait, launch = (ptx.find(op) for op in ("cp.async.bulk.prefetch.L2", "griddepcontrol.wait",
+                                                       "griddepcontrol.launch_dependents"))
+    adds = max(ptx.find(f"{op}.global.gpu.relaxed.add.v", launch) for op in ("red", "atom"))  # 3.9: red; 3.6: atom
+    print("mlp", -1 < prefetch < wait < launch < ptx.find("st.global", launch) < adds
+          and ptx.count("ld.global.v4", 0, wait) == bk * 2 * columns * 2 // 16 // 256
+          and ptx.count("griddepcontrol.launch_dependents") == 1 and ".maxnreg 128" in ptx)
 """
 
 
@@ -788,4 +876,4 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
-                                   + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2)
+                                   + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2 + ["mlp", "True"] * 2)

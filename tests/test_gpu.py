@@ -218,9 +218,9 @@ def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_
     result = measure(run_config("model=qwen3-0.6b", "bs=1", "context_len=1024", "cache_len=1280", "decode_tokens=32",
                                 "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
-    assert result.mode_tags["fused_plan"].endswith("; attention: 6.0 MiB of the MLP's weights asked of L2")
+    assert result.mode_tags["fused_plan"].endswith("; attention: 6.0 MiB of the MLP's weights asked of L2; mlp: gate/up, then down")
     short = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
-    assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2")
+    assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2; mlp: gate/up, then down")
 
 
 @pytest.mark.parametrize("bs", [1, 8])
@@ -252,11 +252,29 @@ def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_
         result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
         assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
         assert result.mode_tags["fused_plan"].endswith(
-            "; attention: in QKV's tail, by the program counted last for each KV head"), result.mode_tags["fused_plan"]
+            "; attention: in QKV's tail, by the program counted last for each KV head; mlp: gate/up, then down"), \
+            result.mode_tags["fused_plan"]
         assert result.metrics["kernel_launches_per_step"] == 4 * 28 + 1  # Qwen3-0.6B's 28 layers, and lm_head
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", "kv_append_lost")
     faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
     assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
+
+
+def test_the_mlp_in_one_kernel_decodes_within_fp32_fidelity_alone_and_with_the_attention_in_qkvs_tail(monkeypatch):
+    """The MLP in one kernel (MLP_IN_ONE_MAX_ROWS, off by default) on the H200: gate/up's columns and their share of
+    down added atomically into the next layer's residual buffer, one launch a layer fewer, captured with PDL and
+    verified against fp32 at bs 1 and 2; with the attention in QKV's tail as well, three kernels a layer."""
+    from harness.kernels import fused_decode
+
+    monkeypatch.setattr(fused_decode, "MLP_IN_ONE_MAX_ROWS", 2)
+    for bs, attention_rows, per_layer in ((1, 0, 4), (2, 0, 4), (1, 2, 3)):
+        monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", attention_rows)
+        result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
+        assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+        assert result.mode_tags["fused_plan"].endswith(
+            "; mlp: gate/up, SiLU·mul and down in one kernel, 16 columns of the intermediate a program, 192 programs, "
+            "8 warps"), result.mode_tags["fused_plan"]
+        assert result.metrics["kernel_launches_per_step"] == per_layer * 28 + 1  # Qwen3-0.6B's 28 layers, lm_head
 
 
 def test_a_tuned_fused_step_times_its_candidates_and_is_verified():

@@ -229,6 +229,27 @@ ATTENTION_IN_QKV_MAX_ROWS = 0
 # head, spills 152-208 bytes a thread to local memory; at 128 it spills none, and two programs fit an SM (the
 # benchmark set pairs both)
 QKV_ATTENTION_REGISTERS = 64
+# Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
+# kernel `_mlp`): each program takes MLP_COLUMNS of the intermediate (mlp_columns), computes gate and up for them from
+# the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of down_proj
+# and its SiLU·mul, added atomically into a residual buffer of the next layer's (the first program adds the residual
+# it read). No program waits for another's SiLU·mul: down's K is split where gate/up's columns are, so gate/up's last
+# bytes and down's first stream in one kernel, not across a kernel's drain and the next's ramp. At small batch the
+# measured profiles put much of the small models' missing time there (docs/benchmarks.md: their gate/up and down at
+# 1.4 TB/s, Qwen3-0.6B). The residual cannot be added to in place (every program reads it whole for the norm), so
+# the step keeps four residual buffers and each layer's MLP zeroes the one a later MLP adds into (residual_buffers).
+# Off (0) until measured on a GPU: built and checked on the CPU (Triton's interpreter, and compiled for sm_90) on
+# 2026-12-05, when no GPU was lent; `python benchmarks/fused_prefetch.py --set mlp` pairs it with the default.
+MLP_IN_ONE_MAX_ROWS = 0
+# ... with a thread holding about this many weight values a load, on MLP_WARPS warps, and a program taking the widest
+# power-of-two slice of the intermediate that still leaves MLP_PROGRAMS programs at least (MLP_MIN_COLUMNS at least)
+MLP_VALUES_A_THREAD, MLP_WARPS, MLP_PROGRAMS, MLP_MIN_COLUMNS = 64, 8, SMS, 8
+MLP_DOWN_TO_L2 = True  # each program asks L2 for its slice of down's weights before its PDL wait (a Hopper GPU)
+# ... on at most this many registers a thread, so that two programs of eight warps fit an SM (Llama-3.2-1B's 256 in one
+# wave): compiled for sm_90 by Triton 3.6 (the H200's), its shapes took 129 as ptxas allocates (one program an SM),
+# 128 when held to it, with nothing spilled; Qwen3-0.6B's 121
+MLP_REGISTERS = 128
+INTERPRETED_MLP_COLUMNS, INTERPRETED_MLP_BLOCK = 16, 16
 # fused.tma: in a model TMA_FROM_HIDDEN wide or wider, the products that run as tiles with 16-bit weights (every kind of
 # an 8B model's in bf16, at any batch) stream their weight tiles through the Hopper's tensor memory accelerator into
 # shared memory, where the tensor cores read them (`_matvec_tma`, Triton's pipeliner keeping `tma_stages` tiles in
@@ -502,13 +523,63 @@ def _store(acc, squares, Out, SquaresOut, rows, n_total, out_cols, k_total, eps,
         if NORM:
             acc = acc * tl.rsqrt(squares / k_total + eps)[:, None]
         if OUTPUT == 1:  # SWIGLU: the tile's first half of columns is gate, the second up, for the same outputs
-            gate, up = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BN // 2)), (0, 2, 1)))
+            act = _swiglu(acc, ROWS, BN)
             j = pid_n * (BN // 2) + tl.arange(0, BN // 2)
-            act = gate / (1.0 + tl.exp(-gate)) * up
             tl.store(Out + r[:, None] * out_cols + j[None, :], act.to(Out.dtype.element_ty),
                      mask=(r < rows)[:, None] & (j < out_cols)[None, :])
         else:  # LOGITS
             tl.store(at, acc, mask=inside)
+
+
+@triton.jit
+def _swiglu(acc, ROWS: tl.constexpr, BN: tl.constexpr):
+    """SiLU(gate)·up [ROWS, BN / 2] of a block of paired columns [ROWS, BN] (pair_blocks: gate's half, then up's)."""
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BN // 2)), (0, 2, 1)))
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def _mlp(Residual, Next, Zero, Gain, Pair, Down, rows, hidden, eps, zero_share, down_bytes, ROWS: tl.constexpr,
+         C: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, ZB: tl.constexpr, ONE_TILE: tl.constexpr,
+         PDL: tl.constexpr, DOWN_TO_L2: tl.constexpr):
+    """A layer's MLP for C columns of its intermediate (MLP_IN_ONE_MAX_ROWS; program id 0): gate and up of the normed
+    Residual [rows, hidden] (fp32) from their paired, packed rows (Pair: pair_blocks then pack, [2C, BK] tiles), SiLU·mul
+    rounded as the unfused step stores it, then down's product of those columns (Down: [programs, hidden, C]) added
+    atomically into Next, which holds zeros until this kernel's programs add to it; the first program adds Residual
+    too. Each program also zeroes its share (zero_share values) of Zero, the buffer a later layer's MLP adds into.
+    ONE_TILE: BK covers the hidden size (gate/up's whole K in one load)."""
+    p = tl.program_id(0)
+    k_tiles = tl.cdiv(hidden, BK)
+    if DOWN_TO_L2:  # its slice of down, asked of L2 now so that it is there once gate/up's tiles have streamed
+        _prefetch_to_l2(Down, p * hidden * C, down_bytes)
+    w = _weight_tile(Pair, p, 0, hidden, 2 * C, hidden, k_tiles, 2 * C, BK, True)  # weights: before the wait
+    _pdl_wait(PDL)
+    acc, squares = _weight_loop(w, Residual, hidden, Residual, Residual, Gain, Pair, rows, 0, hidden, hidden, 2 * C,
+                                k_tiles, p, 0, 0, True, ROWS, 2 * C, BK, True, False, False, 0, ONE_TILE)
+    _pdl_start(PDL)  # the next layer's first weights may load from here on
+    act = _swiglu(acc * tl.rsqrt(squares / hidden + eps)[:, None], ROWS, 2 * C)
+    act = act.to(Down.dtype.element_ty).to(tl.float32)  # the unfused step's SiLU·mul is stored in the weights' dtype
+    zeros = p * zero_share + tl.arange(0, ZB)
+    tl.store(Zero + zeros, tl.zeros([ZB], tl.float32), mask=(zeros < (p + 1) * zero_share) & (zeros < rows * hidden))
+    _down_added(act, Residual, Next, Down + p * hidden * C, p, rows, hidden, ROWS, C, BH)
+
+
+@triton.jit
+def _down_added(act, Residual, Next, Down, p, rows, hidden, ROWS: tl.constexpr, C: tl.constexpr, BH: tl.constexpr):
+    """act [ROWS, C] times the program's columns of down (Down: its [hidden, C] slice), in blocks of BH outputs, the next
+    block's weights loaded before this one's are used, added atomically into Next (Residual too by program 0)."""
+    r, c, h = tl.arange(0, ROWS), tl.arange(0, C), tl.arange(0, BH)
+    w = tl.load(Down + h[:, None] * C + c[None, :], mask=(h < hidden)[:, None], other=0.0)
+    for h0 in range(0, hidden, BH):
+        after = h0 + BH + h
+        w_next = tl.load(Down + after[:, None] * C + c[None, :], mask=(after < hidden)[:, None], other=0.0)
+        part = tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+        inside = (r < rows)[:, None] & (h0 + h < hidden)[None, :]
+        at = r[:, None] * hidden + (h0 + h)[None, :]
+        if p == 0:
+            part += tl.load(Residual + at, mask=inside, other=0.0)
+        tl.atomic_add(Next + at, part, mask=inside, sem="relaxed")
+        w = w_next
 
 
 @triton.jit
@@ -972,6 +1043,23 @@ class Product:
         return triton.cdiv(self.k, self.bk)
 
 
+@dataclass
+class MlpBlock:
+    """A layer's MLP as one kernel reads it (plan_mlp): gate and up paired and packed, down's columns by program."""
+
+    pair: torch.Tensor  # [2C, BK] tiles of gate's C rows then up's, program by program, then K tile by K tile
+    down: torch.Tensor  # [programs, hidden, C]
+    columns: int  # C: the intermediate's columns a program takes
+    bk: int  # gate/up's K tile
+    bh: int  # down's outputs a block
+    programs: int
+    warps: int
+
+    def __str__(self) -> str:
+        return (f"mlp: gate/up, SiLU·mul and down in one kernel, {self.columns} columns of the intermediate a program, "
+                f"{self.programs} programs, {self.warps} warps")
+
+
 def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: int, *, residual=None, ids=None,
                    gain=None, squares=None, bump=None, eps: float = 1e-6, input: int = PLAIN, output: int = PARTIALS,
                    pdl: bool = False, attention: tuple[tuple, dict] | None = None) -> None:
@@ -1063,6 +1151,63 @@ def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> 
         blocks = {0, *(b for start, width in spans for b in range(start // qkv.bn, (start + width - 1) // qkv.bn + 1))}
         arrivals.append(qkv.splits * len(blocks))
     return arrivals
+
+
+def folds_mlp(rows: int, layers: int, gate_up: Product) -> bool:
+    """Whether a step runs each layer's MLP as one kernel (`_mlp`): MLP_IN_ONE_MAX_ROWS rows at most, three layers at
+    least (residual_buffers), and gate/up's tiles not through TMA (a model that wide keeps its TMA products)."""
+    return rows <= MLP_IN_ONE_MAX_ROWS and layers >= 3 and gate_up.descriptor is None
+
+
+def residual_buffers(layers: int) -> list[int]:
+    """Which of four residual buffers each layer's MLP adds into when it runs as one kernel: the step's embedding rows
+    go to buffer 0; layer l reads the residual from buffer 0 (l = 0) or the one layer l - 1 added into, adds into
+    answer[l] (which holds zeros by then) and zeroes answer[l + 1], the one the next layer adds into (the last
+    layer: answer[0], for the next step). So no buffer is zeroed or added to while a kernel reads it, and none that
+    a later MLP adds into is written before it: answer[l] is neither of the two buffers before it (the embedding's
+    counting as both before layer 0), and answer[0] neither of the last two, which needs three layers at least."""
+    if layers < 3:
+        raise ValueError(f"the MLP in one kernel needs 3 decoder layers at least, not {layers}")
+    answer: list[int] = []
+    for layer in range(layers):
+        taken = {0 if layer < 1 else answer[layer - 1], 0 if layer < 2 else answer[layer - 2]}
+        if layer >= layers - 2:
+            taken.add(answer[0])
+        answer.append(min({0, 1, 2, 3} - taken))
+    return answer
+
+
+def mlp_columns(intermediate: int) -> int:
+    """Columns of the intermediate a program of `_mlp` takes: the widest power of two, MLP_MIN_COLUMNS at least, that
+    leaves MLP_PROGRAMS programs at least (Qwen3-0.6B's 3072: 16, 192 programs; Llama-3.2-1B's 8192: 32, 256);
+    INTERPRETED_MLP_COLUMNS in Triton's interpreter (a tiny model's 128 then take eight programs)."""
+    if interpreted():
+        return INTERPRETED_MLP_COLUMNS
+    columns = MLP_MIN_COLUMNS
+    while triton.cdiv(intermediate, 2 * columns) >= MLP_PROGRAMS:
+        columns *= 2
+    return columns
+
+
+def plan_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> MlpBlock:
+    """A layer's MLP as `_mlp` reads it: gate and up paired in blocks of mlp_columns rows each (pair_blocks) and packed
+    in [2C, BK] tiles; down's columns as [programs, hidden, C], each program's slice contiguous (zeros past the
+    intermediate). A thread holds about MLP_VALUES_A_THREAD values of a tile on MLP_WARPS warps (one, in the
+    interpreter, in INTERPRETED_MLP_BLOCK blocks)."""
+    columns, (hidden, intermediate) = mlp_columns(gate.shape[0]), down.shape
+    warps = 1 if interpreted() else MLP_WARPS
+    widest = triton.next_power_of_2(hidden)
+    if interpreted():
+        bk = bh = min(INTERPRETED_MLP_BLOCK, widest)
+    else:
+        values = MLP_VALUES_A_THREAD * warps * 32
+        bk, bh = min(widest, max(16, values // (2 * columns))), min(widest, max(16, values // columns))
+    paired = pair_blocks(gate, up, columns)
+    programs = paired.shape[0] // (2 * columns)
+    slices = down.new_zeros(hidden, programs * columns)
+    slices[:, :intermediate] = down
+    return MlpBlock(pack(paired, 2 * columns, bk), slices.view(hidden, programs, columns).transpose(0, 1).contiguous(),
+                    columns, bk, bh, programs, warps)
 
 
 def attention_o_warps() -> dict:
@@ -1318,6 +1463,7 @@ class Layer:
     gate_up: Product
     down: Product
     o_groups: torch.Tensor | None = None  # o_proj as the attention folded into O reads it (pack_o_groups)
+    mlp: MlpBlock | None = None  # gate/up and down as the MLP in one kernel reads them (plan_mlp)
 
 
 class FusedDecoder:
@@ -1347,6 +1493,14 @@ class FusedDecoder:
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         capacity = cache.layers[0].max_cache_len
         self.longest_prefix = min(longest_prefix or capacity, capacity)
+        self.mlp_in_one = folds_mlp(rows, len(self.layers), self.layers[0].gate_up)
+        # which residual buffer each layer's MLP adds into where it runs as one kernel (else the one, in place)
+        self.mlp_adds_into = residual_buffers(len(self.layers)) if self.mlp_in_one else None
+        if self.mlp_in_one:
+            with torch.no_grad():
+                self.layers = [replace(ours, mlp=plan_mlp(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight,
+                                                          theirs.mlp.down_proj.weight))
+                               for ours, theirs in zip(self.layers, model.model.layers)]
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
         self.attention_in_o = folds_attention_into_o(options, rows, self.heads, self.kv_heads, self.attn_acc.shape[2])
@@ -1376,9 +1530,11 @@ class FusedDecoder:
                     kind=kind)
 
     def products(self) -> dict[str, Product]:
-        """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""
+        """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head; not gate/up and down
+        where the MLP runs as one kernel (mlp_plan)."""
         first = self.layers[0]
-        return dict(qkv=first.qkv, o=first.o, gate_up=first.gate_up, down=first.down, lm_head=self.lm_head)
+        mlp = {} if self.mlp_in_one else dict(gate_up=first.gate_up, down=first.down)
+        return dict(qkv=first.qkv, o=first.o, **mlp, lm_head=self.lm_head)
 
     def replanned(self, kind: str, choice: PlanChoice) -> FusedDecoder:
         """A decoder whose `kind` products are planned as `choice` says, sharing this one's other weights, with
@@ -1397,7 +1553,10 @@ class FusedDecoder:
     def _buffers(self, like: torch.Tensor) -> None:
         rows, first = self.rows, self.layers[0]
         f32 = dict(device=like.device, dtype=torch.float32)
-        self.residual = torch.zeros(rows, self.hidden, **f32)  # the residual stream, in fp32, added to in place
+        # the residual stream, in fp32, added to in place; where the MLP runs as one kernel, four buffers that the
+        # layers take in turn (residual_buffers). `residual`: the buffer of the layer being launched
+        self.residuals = torch.zeros(4 if self.mlp_in_one else 1, rows, self.hidden, **f32)
+        self.residual = self.residuals[0]
         self.qkv_parts = torch.zeros(first.qkv.splits, rows, first.qkv.n, **f32)
         self.squares = torch.zeros(first.qkv.splits, rows, **f32)
         self.q = torch.zeros(rows, self.heads, self.head_dim, device=like.device, dtype=like.dtype)
@@ -1419,19 +1578,50 @@ class FusedDecoder:
 
     def kernels_per_step(self) -> int:
         folded = self.attention_in_o or self.attention_in_qkv
-        return (4 if folded else 5 if self.options.fold_attention else 7) * len(self.layers) + 1
+        per_layer = (4 if folded else 5 if self.options.fold_attention else 7) - self.mlp_in_one
+        return per_layer * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
         position = self.cache.layers[0].cumulative_length
         for index, (layer, kv) in enumerate(zip(self.layers, self.cache.layers)):
+            self.residual = self._residual_of(index)
             # at layer 0 the embedding rows of the input ids are the residual stream's first value
             x, source = (self.embedding, EMBEDDING) if index == 0 else (self.residual, PLAIN)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
             self._attention_block(layer, kv, position, x, source, bump)
-            self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
-            self._product(layer.down, self.residual, self.act, output=ADD)
+            self._mlp(layer, index)
+        self.residual = self._residual_of(len(self.layers))
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
         return self.logits
+
+    def _residual_of(self, index: int) -> torch.Tensor:
+        """The residual buffer that layer `index` reads (index = the layers: the one lm_head reads)."""
+        if not self.mlp_in_one or index == 0:
+            return self.residuals[0]
+        return self.residuals[self.mlp_adds_into[index - 1]]
+
+    def _mlp(self, layer: Layer, index: int) -> None:
+        """The layer's MLP added to the residual stream: gate/up then down, or one `_mlp` launch (MLP_IN_ONE_MAX_ROWS)
+        that adds into the next layer's residual buffer and zeroes the one after it."""
+        block = layer.mlp
+        if block is None:
+            self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
+            self._product(layer.down, self.residual, self.act, output=ADD)
+            return
+        into = self.mlp_adds_into
+        share = triton.cdiv(self.rows * self.hidden, block.programs)
+        down_bytes = self.hidden * block.columns * block.down.element_size() // 16 * 16
+        _mlp[(block.programs,)](
+            self.residual, self.residuals[into[index]], self.residuals[into[(index + 1) % len(into)]],
+            layer.mlp_norm, block.pair, block.down, self.rows, self.hidden, self.eps, share, down_bytes,
+            ROWS=triton.next_power_of_2(self.rows), C=block.columns, BK=block.bk, BH=block.bh,
+            ZB=triton.next_power_of_2(share), ONE_TILE=block.bk >= self.hidden,
+            DOWN_TO_L2=MLP_DOWN_TO_L2 and not interpreted(), num_warps=block.warps, **self._launch(),
+            **({"maxnreg": MLP_REGISTERS} if MLP_REGISTERS and not interpreted() else {}))
+
+    def mlp_plan(self) -> str:
+        """How the step runs each layer's MLP, as the run's `fused_plan` tag says."""
+        return str(self.layers[0].mlp) if self.mlp_in_one else "mlp: gate/up, then down"
 
     def _attention_block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
         """QKV, the attention and O, added to the residual stream: three launches, or two where the attention is
@@ -1532,7 +1722,7 @@ class FusedDecoder:
         WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
         keys = self.cache.layers[0].keys
         kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
-        first, second = layer.gate_up.weight, layer.down.weight
+        first, second = (layer.mlp.pair, layer.mlp.down) if layer.mlp else (layer.gate_up.weight, layer.down.weight)
         if (not (self.options.weights_ahead and self.options.fold_attention) or interpreted()
                 or self.attention_in_o or self.attention_in_qkv  # (`_attention`, which asks, is not launched)
                 or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES

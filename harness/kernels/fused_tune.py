@@ -91,7 +91,7 @@ def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], fl
     `ratio(trial, best)`: the trial step's time over the best's (harness/modes/fused.py's StepTimer on a GPU);
     `prefetch`: whether the L2 prefetch may be tried (a Hopper GPU)."""
     started, tuning, best = time.perf_counter(), Tuning(), decoder
-    for kind in PRODUCT_KINDS:
+    for kind in decoder.products():  # the kinds the step launches as products, in PRODUCT_KINDS' order
         for choice in candidates(best, kind, prefetch):
             trial = best.replanned(kind, choice)
             measured = ratio(trial, best)
@@ -142,7 +142,10 @@ def _kept(path: Path) -> tuple[dict[str, PlanChoice], Tuning] | None:
     (then the step is timed again)."""
     try:
         kept = json.loads(path.read_text())
-        choices = {kind: PlanChoice(**kept["choices"][kind]) for kind in PRODUCT_KINDS}
+        # the kinds the step launched as products (not gate/up and down where the MLP ran as one kernel)
+        choices = {kind: PlanChoice(**choice) for kind, choice in kept["choices"].items()}
+        if not set(choices) <= set(PRODUCT_KINDS):
+            return None
         return choices, Tuning(list(kept["tried"]), list(kept["taken"]),
                                kept_from=f"{kept['gpu_id']} at {kept['when']} ({path})")
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

@@ -45,7 +45,7 @@ class FusedStepper(GraphedStepper):
         if options.tune:
             self._tune(prompt)
         self.tags["fused_plan"] = "; ".join([*(f"{kind}: {product}" for kind, product in self.decoder.products().items()),
-                                             self.decoder.attention_plan()])
+                                             self.decoder.attention_plan(), self.decoder.mlp_plan()])
 
     def _tune(self, prompt: torch.Tensor) -> None:
         """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused_tune.py), from
