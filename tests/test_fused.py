@@ -223,7 +223,7 @@ def test_the_mlp_runs_in_one_kernel_only_where_asked_with_three_layers_and_not_t
 def test_the_mlp_in_one_kernel_takes_the_widest_slice_leaving_a_program_an_sm_and_packs_each_slice(monkeypatch):
     """On the GPU's plan, Qwen3-0.6B's intermediate (3072) in slices of 16 columns (192 programs; 32 would leave 96)
     and Llama-3.2-1B's (8192) of 32 (256); each program's paired gate/up tiles and its slice of down's columns are
-    the weights' own, and what passes the intermediate's end is zeros."""
+    the weights' own, and what passes the intermediate's end is zeros; its tiles narrow with the batch rows."""
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
     assert fused_decode.mlp_columns(3072) == 16 and fused_decode.mlp_columns(8192) == 32
     gate, up, down = torch.randn(20, 64), torch.randn(20, 64), torch.randn(64, 20)
@@ -235,6 +235,10 @@ def test_the_mlp_in_one_kernel_takes_the_widest_slice_leaving_a_program_an_sm_an
     assert not tiles[2, 0, 4:8].any() and not tiles[2, 0, 12:].any()
     assert torch.equal(block.down[1], down[:, 8:16]) and torch.equal(block.down[2, :, :4], down[:, 16:])
     assert not block.down[2, :, 4:].any()
+    # a thread holds 64 16-bit values of a tile for each batch row (eight warps): gate/up's K and down's outputs a block
+    wide = torch.randn(64, 2048, dtype=torch.bfloat16)
+    one, eight = (fused_decode.plan_mlp(wide, wide, wide.T.contiguous(), rows) for rows in (1, 8))
+    assert (one.columns, one.bk, one.bh) == (8, 1024, 2048) and (eight.bk, eight.bh) == (128, 256)
 
 
 def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):

@@ -17,6 +17,8 @@ Per layer, in launch order:
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
 5. `_matvec` (down): added to the residual stream in place.
+   (4 and 5 in one kernel instead, off by default and not yet measured: `_mlp`, MLP_IN_ONE_MAX_ROWS; each program
+   adds its columns' share of down into the next layer's residual buffer, residual_buffers.)
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
 Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
@@ -1189,18 +1191,18 @@ def mlp_columns(intermediate: int) -> int:
     return columns
 
 
-def plan_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> MlpBlock:
-    """A layer's MLP as `_mlp` reads it: gate and up paired in blocks of mlp_columns rows each (pair_blocks) and packed
-    in [2C, BK] tiles; down's columns as [programs, hidden, C], each program's slice contiguous (zeros past the
-    intermediate). A thread holds about MLP_VALUES_A_THREAD values of a tile on MLP_WARPS warps (one, in the
-    interpreter, in INTERPRETED_MLP_BLOCK blocks)."""
+def plan_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, rows: int = 1) -> MlpBlock:
+    """A layer's MLP as `_mlp` reads it at `rows` batch rows: gate and up paired in blocks of mlp_columns rows each
+    (pair_blocks) and packed in [2C, BK] tiles; down's columns as [programs, hidden, C], each program's slice
+    contiguous (zeros past the intermediate). A thread holds about MLP_VALUES_A_THREAD 16-bit values of a tile (half
+    as many of fp32) for each batch row on MLP_WARPS warps (one, in the interpreter, in INTERPRETED_MLP_BLOCK blocks)."""
     columns, (hidden, intermediate) = mlp_columns(gate.shape[0]), down.shape
     warps = 1 if interpreted() else MLP_WARPS
     widest = triton.next_power_of_2(hidden)
     if interpreted():
         bk = bh = min(INTERPRETED_MLP_BLOCK, widest)
     else:
-        values = MLP_VALUES_A_THREAD * warps * 32
+        values = MLP_VALUES_A_THREAD * warps * 32 * 2 // down.element_size() // triton.next_power_of_2(rows)
         bk, bh = min(widest, max(16, values // (2 * columns))), min(widest, max(16, values // columns))
     paired = pair_blocks(gate, up, columns)
     programs = paired.shape[0] // (2 * columns)
@@ -1499,7 +1501,7 @@ class FusedDecoder:
         if self.mlp_in_one:
             with torch.no_grad():
                 self.layers = [replace(ours, mlp=plan_mlp(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight,
-                                                          theirs.mlp.down_proj.weight))
+                                                          theirs.mlp.down_proj.weight, rows))
                                for ours, theirs in zip(self.layers, model.model.layers)]
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
