@@ -881,3 +881,16 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
                                    + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2 + ["mlp", "True"] * 2)
+
+
+def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before_the_next(monkeypatch):
+    """benchmarks/fused_prefetch.py: a variant's constant that fused_decode does not have, or that the set does not put
+    back to its default before the next variant is planned, would leave a step measured as another than its label
+    says (a misspelt name is set beside the real one, silently)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    for name, variants in fused_prefetch.SETS.items():
+        for label, _, constants in variants:
+            assert set(constants) <= set(fused_prefetch.DEFAULTS), (name, label)
+    assert {"into_qkv", "mlp"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
