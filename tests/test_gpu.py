@@ -376,4 +376,6 @@ def test_a_compiled_step_loaded_from_disk_replays_cuda_graphs_as_the_traced_one_
     assert loaded.tags["compile_cache"] == LOADED
     loaded_launches, loaded_tokens = replays(loaded)
     assert traced_launches >= 4 and loaded_launches >= 4
+    for run in (traced, loaded):  # what each counted in its own warm-up, without a profiler, and tagged
+        assert run.metrics["cuda_graph_replays_per_step"] >= 1 and run.tags["cuda_graphs"].endswith("replayed a step")
     assert torch.equal(loaded_tokens, traced_tokens)

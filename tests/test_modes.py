@@ -179,6 +179,63 @@ def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     assert m["verified"] == 1.0 and m["compile_ms"] > 0
     assert m["fp32_max_logit_err"] <= m["fp32_err_bound"] and m["fp32_token_agreement"] == 1.0
     assert len(result.step_ms) == 8
+    # its compile mode records no CUDA graphs: the check of what a step replays does not apply, and says so
+    assert result.mode_tags["cuda_graphs"].startswith("not applied") and m["cuda_graph_replays_per_step"] == 0.0
+
+
+def test_graph_replays_are_counted_inside_the_block_alone_and_replay_is_put_back(monkeypatch):
+    from harness.modes.compiled import counted_graph_replays
+
+    calls = []
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: calls.append(graph))  # no GPU here to replay on
+    plain, graph = torch.cuda.CUDAGraph.replay, object.__new__(torch.cuda.CUDAGraph)
+    graph.replay()
+    with counted_graph_replays() as replays:
+        graph.replay()
+        graph.replay()
+    graph.replay()
+    assert len(replays) == 2 and len(calls) == 4 and torch.cuda.CUDAGraph.replay is plain
+    with pytest.raises(RuntimeError), counted_graph_replays():
+        raise RuntimeError("a step that failed")
+    assert torch.cuda.CUDAGraph.replay is plain
+
+
+def test_a_run_whose_step_replayed_no_cuda_graph_is_marked_so_beside_its_median_in_the_tables():
+    from rich.console import Console
+
+    from harness.analysis.rows import row_of
+    from harness.analysis.summary import table
+    from harness.record import JobRecord
+
+    def record(graphs: str) -> JobRecord:
+        return JobRecord(label=f"tiny bs=1 compiled {graphs[:4]}", config={"bs": 1, "mode": "compiled"},
+                         status="FINISHED", metrics={"step_ms_median": 2.5}, mode_tags={"cuda_graphs": graphs})
+
+    lost, replayed = record("NONE replayed: reduce-overhead records CUDA graphs, ..."), record("2 replayed a step")
+    lines = table_markdown([row_of(lost), row_of(replayed)]).splitlines()
+    assert "2.500 ms no CUDA graph replayed" in next(line for line in lines if "NONE" in line)
+    assert "no CUDA graph" not in next(line for line in lines if "2 re" in line)
+    console = Console(width=250, record=True)
+    console.print(table([lost, replayed]))
+    printed = console.export_text().splitlines()
+    assert "2.500 no CUDA graph replayed" in next(line for line in printed if "NONE" in line)
+    assert "no CUDA graph" not in next(line for line in printed if "2 re" in line)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_that_replays_no_cuda_graph_where_its_mode_records_them_says_so():
+    """reduce-overhead records CUDA graphs; on a CPU cudagraph trees skip them, as they do on a GPU for a step they
+    cannot graph: its warm-up step replays none, and the run is tagged as kernels launched one by one, not a graphed
+    step (the bug this guards: a saved step loaded without its Inductor options, timed as a graphed one)."""
+    from harness.modes.compiled import CompiledStepper
+
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32")
+    model = models.get_model(cfg.model, "fp32", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(2, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        stepper = CompiledStepper(model, prompt, 64, "reduce-overhead", {}).compile(prompt)
+    assert stepper.mark_steps and stepper.metrics["cuda_graph_replays_per_step"] == 0.0
+    assert stepper.tags["cuda_graphs"].startswith("NONE replayed: reduce-overhead records CUDA graphs, but this step")
 
 
 @pytest.mark.slow

@@ -25,10 +25,20 @@ class Row(TypedDict):
     ci_high: float | None
     ci_pct: float | None  # the interval's half-width, % of the median
     noisy: bool
+    graphs_lost: bool  # a compiled run whose mode records CUDA graphs but whose step replayed none (graphs_lost)
     efficiency: float | None  # the useful floor / the median
     floor_ms: float | None
     parameters: float | None
     mlflow_run_id: str | None
+
+
+GRAPHS_LOST_NOTE = "no CUDA graph replayed"  # beside such a run's median in every table
+
+
+def graphs_lost(mode_tags: dict) -> bool:
+    """Whether a run's compile mode records CUDA graphs but its step replayed none (its `cuda_graphs` tag): its times
+    are kernels launched one by one, and every table says so beside them."""
+    return mode_tags.get("cuda_graphs", "").startswith("NONE replayed")
 
 
 def row_of(record: JobRecord, note: str = "") -> Row:
@@ -39,5 +49,6 @@ def row_of(record: JobRecord, note: str = "") -> Row:
                context_len=c.get("context_len", c.get("prompt_len")), cache_len=c.get("cache_len"),
                dtype=c.get("dtype"), median_ms=m.get("step_ms_median"), ci_low=m.get("step_ms_ci_low"),
                ci_high=m.get("step_ms_ci_high"), ci_pct=m.get("step_ms_ci_pct"), noisy="noisy" in record.mode_tags,
+               graphs_lost=graphs_lost(record.mode_tags),
                efficiency=m.get("efficiency"), floor_ms=m.get("floor_ms"), parameters=m.get("parameters"),
                mlflow_run_id=record.mlflow_run_id)

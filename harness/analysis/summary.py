@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.analysis.rows import Row, row_of
+from harness.analysis.rows import GRAPHS_LOST_NOTE, Row, graphs_lost, row_of
 from harness.record import JobRecord, unlogged
 
 
@@ -46,13 +46,14 @@ def speedup_text(speedup: float | None, interval: tuple[float, float] | None) ->
     return f"{speedup:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
 
 
-def median_text(metrics: dict, noisy: bool) -> str:
+def median_text(metrics: dict, mode_tags: dict) -> str:
+    """A run's median ms/step, its interval, and what to keep in mind beside it (noisy; no CUDA graph replayed)."""
     if "step_ms_median" not in metrics:
         return "-"
     text = f"{metrics['step_ms_median']:.3f}"
     if "step_ms_ci_pct" in metrics:
         text += f" ±{metrics['step_ms_ci_pct']:.1f}%"
-    return text + (" noisy" if noisy else "")
+    return text + (" noisy" if "noisy" in mode_tags else "") + (f" {GRAPHS_LOST_NOTE}" if graphs_lost(mode_tags) else "")
 
 
 def parent_metrics(records: list[JobRecord]) -> dict[str, float]:
@@ -93,7 +94,7 @@ def table(results: list[JobRecord]) -> Table:
         t.add_column(name, justify=justify, overflow="fold")
     for r in results:
         m = r.metrics
-        cells = ["-" if r.job_num is None else str(r.job_num), r.label, r.status, median_text(m, "noisy" in r.mode_tags),
+        cells = ["-" if r.job_num is None else str(r.job_num), r.label, r.status, median_text(m, r.mode_tags),
                  f"{m['wall_ms_per_step']:.3f}" if "wall_ms_per_step" in m else "-",
                  f"{m['tokens_per_s']:.1f}" if "tokens_per_s" in m else "-",
                  speedup_text(speedup.get(r.result_id), interval.get(r.result_id)),

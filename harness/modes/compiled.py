@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -104,6 +106,23 @@ def _prepare_layers(model: torch.nn.Module, regions: bool) -> None:
     _compile_layers_once(model)
 
 
+@contextlib.contextmanager
+def counted_graph_replays() -> Iterator[list]:
+    """A list that gains an entry for each CUDA graph replayed inside the block: torch.cuda.CUDAGraph.replay, which
+    cudagraph trees call for every graph they run. No profiler: every compiled job counts one warm-up step."""
+    replays, original = [], torch.cuda.CUDAGraph.replay
+
+    def counted(graph, *args, **kwargs):
+        replays.append(1)
+        return original(graph, *args, **kwargs)
+
+    torch.cuda.CUDAGraph.replay = counted
+    try:
+        yield replays
+    finally:
+        torch.cuda.CUDAGraph.replay = original
+
+
 def saved_steps_folder() -> Path | None:
     """Where compiled steps are kept between sweeps (beside Inductor's caches), or None where the user turned it off."""
     if os.environ.get(KEEP_STEPS_VARIABLE, "1") == "0":
@@ -133,8 +152,11 @@ class CompiledStepper(Stepper):
         lookups, phases_before = _fx_graph_cache_counts(), compile_phase_seconds()
         start = time.perf_counter()
         self.fn = self._kept_step() or compiled_step(self.model, self.compile_mode, self.inductor, self.regions)
-        for _ in range(COMPILE_WARMUP):
+        for _ in range(COMPILE_WARMUP - 1):
             self.step()
+        with counted_graph_replays() as replays:  # by the last warm-up call, cudagraph trees replay what they recorded
+            self.step()
+        self._record_graph_replays(len(replays))
         torch.cuda.synchronize() if prompt.is_cuda else None
         self.metrics["compile_ms"] = (time.perf_counter() - start) * 1e3
         self._record_cache_use(lookups)
@@ -142,6 +164,19 @@ class CompiledStepper(Stepper):
         # the growth of the one pool that cudagraph trees share across the process's compiled graphs
         self.graph_bytes = _graph_pool_bytes(prompt.device) - before
         return self
+
+    def _record_graph_replays(self, replays: int) -> None:
+        """What a step replayed from CUDA graphs (`cuda_graph_replays_per_step`, and the tag `cuda_graphs`): where the
+        compile mode records graphs but the step replayed none (cudagraph trees skipped them, or a loaded step lost
+        its options), the run's times are Inductor's kernels launched one by one, and the tag says so."""
+        self.metrics["cuda_graph_replays_per_step"] = float(replays)
+        if not self.mark_steps:
+            self.tags["cuda_graphs"] = "not applied: this compile mode records no CUDA graphs"
+        elif replays:
+            self.tags["cuda_graphs"] = f"{replays} replayed a step"
+        else:
+            self.tags["cuda_graphs"] = (f"NONE replayed: {self.compile_mode} records CUDA graphs, but this step "
+                                        f"launched its kernels one by one; its times are not a graphed step's")
 
     def _record_cache_use(self, before: dict[str, int]) -> None:
         """How the compile went: `compile_cache_hit` 1 where every graph Inductor lowered came from its FX graph
