@@ -17,21 +17,40 @@ from harness.measure.job import seeded_prompt
 from harness.models import get_model
 from harness.modes.fused import FusedMode
 
-# a layer's kernels in launch order: the attention folded into one (the default), or as three
-LAYER_KERNELS = {True: ("qkv (norm, matvec)", "attention (rope, append, split-KV, merge)", "o_proj",
-                        "gate/up (norm, matvec, SiLU)", "down_proj"),
-                 False: ("qkv (norm, matvec)", "rope + K/V append", "attention split-KV", "attention merge", "o_proj",
-                         "gate/up (norm, matvec, SiLU)", "down_proj")}
+QKV, ATTENTION, O, GATE_UP, DOWN = ("qkv (norm, matvec)", "attention (rope, append, split-KV, merge)", "o_proj",
+                                    "gate/up (norm, matvec, SiLU)", "down_proj")
+MLP, QKV_ATTENTION, ATTENTION_O = ("mlp in one (gate/up, SiLU, down)", "qkv with the attention in its tail",
+                                   "o_proj with the attention in it")
 STEPS = 50
 
 
+def layer_kernels(decoder) -> tuple[str, ...]:
+    """A layer's kernels in launch order, as the decoder plans them: the attention folded into one (the default), as
+    three, or in QKV's tail or O; the MLP as gate/up then down, or in one kernel."""
+    if decoder.attention_in_qkv:
+        attention = (QKV_ATTENTION, O)
+    elif decoder.attention_in_o:
+        attention = (QKV, ATTENTION_O)
+    elif decoder.options.fold_attention:
+        attention = (QKV, ATTENTION, O)
+    else:
+        attention = (QKV, "rope + K/V append", "attention split-KV", "attention merge", O)
+    return attention + ((MLP,) if decoder.mlp_in_one else (GATE_UP, DOWN))
+
+
 def weight_bytes(decoder) -> dict[str, float]:
-    """Bytes each product reads a step: its weight (the packed copy's padding is zeros it also reads)."""
+    """Bytes each kernel reads a step of weights (the packed copies' padding is zeros it also reads)."""
     per = defaultdict(float)
+    names = layer_kernels(decoder)
     for layer in decoder.layers:
-        for name, product in zip(("qkv (norm, matvec)", "o_proj", "gate/up (norm, matvec, SiLU)", "down_proj"),
-                                 (layer.qkv, layer.o, layer.gate_up, layer.down)):
-            per[name] += product.n * product.k * product.weight.element_size()
+        products = {QKV: layer.qkv, QKV_ATTENTION: layer.qkv, O: layer.o, GATE_UP: layer.gate_up, DOWN: layer.down}
+        for name in names:
+            if name in products:
+                per[name] += products[name].n * products[name].k * products[name].weight.element_size()
+        if layer.mlp is not None:
+            per[MLP] += sum(t.numel() * t.element_size() for t in (layer.mlp.pair, layer.mlp.down))
+        if layer.o_groups is not None:
+            per[ATTENTION_O] += layer.o_groups.numel() * layer.o_groups.element_size()
     per["final norm + lm_head"] = decoder.lm_head.n * decoder.lm_head.k * decoder.lm_head.weight.element_size()
     return per
 
@@ -79,7 +98,7 @@ def main(overrides: list[str]) -> None:
         step_ms = sorted(cuda_event_ms(stepper.step, STEPS))[STEPS // 2]  # the median step
         stepper.rewind()
         decoder = stepper.decoder
-        times = kernel_times(stepper, decoder.kernels_per_step(), LAYER_KERNELS[decoder.options.fold_attention])
+        times = kernel_times(stepper, decoder.kernels_per_step(), layer_kernels(decoder))
     report(cfg, stepper, times, step_ms)
 
 

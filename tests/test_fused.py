@@ -894,3 +894,23 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
         for label, _, constants in variants:
             assert set(constants) <= set(fused_prefetch.DEFAULTS), (name, label)
     assert {"into_qkv", "mlp"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
+
+
+@pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},
+                                   {"MLP_IN_ONE_MAX_ROWS": 2}, {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2}],
+                         ids=["default", "attention-in-qkv", "attention-in-o", "mlp-in-one", "both"])
+def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_plans_it(folds, monkeypatch):
+    """benchmarks/fused_kernels.py names a step's kernels by their place in it: a layer's names must be as many as the
+    decoder launches a layer, whatever is folded, and the MLP in one kernel is charged both its weights' bytes."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_kernels
+
+    for name, rows in folds.items():
+        monkeypatch.setattr(fused_decode, name, rows)
+    _, _, decoder = fused_and_eager("model.num_hidden_layers=3")
+    names = fused_kernels.layer_kernels(decoder)
+    assert len(names) * len(decoder.layers) + 1 == decoder.kernels_per_step() and len(set(names)) == len(names)
+    assert (fused_kernels.MLP in names) == decoder.mlp_in_one == ("MLP_IN_ONE_MAX_ROWS" in folds)
+    if decoder.mlp_in_one:
+        block = decoder.layers[0].mlp
+        assert fused_kernels.weight_bytes(decoder)[fused_kernels.MLP] == 3 * 4 * (block.pair.numel() + block.down.numel())
