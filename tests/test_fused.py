@@ -897,7 +897,8 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
 
 
 @pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},
-                                   {"MLP_IN_ONE_MAX_ROWS": 2}, {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2}],
+                                   {"MLP_IN_ONE_MAX_ROWS": 2},
+                                   {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2}],
                          ids=["default", "attention-in-qkv", "attention-in-o", "mlp-in-one", "both"])
 def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_plans_it(folds, monkeypatch):
     """benchmarks/fused_kernels.py names a step's kernels by their place in it: a layer's names must be as many as the
@@ -913,4 +914,5 @@ def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_pla
     assert (fused_kernels.MLP in names) == decoder.mlp_in_one == ("MLP_IN_ONE_MAX_ROWS" in folds)
     if decoder.mlp_in_one:
         block = decoder.layers[0].mlp
-        assert fused_kernels.weight_bytes(decoder)[fused_kernels.MLP] == 3 * 4 * (block.pair.numel() + block.down.numel())
+        fp32_bytes = 4 * (block.pair.numel() + block.down.numel())  # a layer's, three layers
+        assert fused_kernels.weight_bytes(decoder)[fused_kernels.MLP] == 3 * fp32_bytes

@@ -218,7 +218,8 @@ def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_
     result = measure(run_config("model=qwen3-0.6b", "bs=1", "context_len=1024", "cache_len=1280", "decode_tokens=32",
                                 "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
-    assert result.mode_tags["fused_plan"].endswith("; attention: 6.0 MiB of the MLP's weights asked of L2; mlp: gate/up, then down")
+    assert result.mode_tags["fused_plan"].endswith(
+        "; attention: 6.0 MiB of the MLP's weights asked of L2; mlp: gate/up, then down")
     short = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
     assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2; mlp: gate/up, then down")
 

@@ -53,7 +53,8 @@ def median_text(metrics: dict, mode_tags: dict) -> str:
     text = f"{metrics['step_ms_median']:.3f}"
     if "step_ms_ci_pct" in metrics:
         text += f" ±{metrics['step_ms_ci_pct']:.1f}%"
-    return text + (" noisy" if "noisy" in mode_tags else "") + (f" {GRAPHS_LOST_NOTE}" if graphs_lost(mode_tags) else "")
+    return (text + (" noisy" if "noisy" in mode_tags else "")
+            + (f" {GRAPHS_LOST_NOTE}" if graphs_lost(mode_tags) else ""))
 
 
 def parent_metrics(records: list[JobRecord]) -> dict[str, float]:

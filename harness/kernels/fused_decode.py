@@ -232,14 +232,14 @@ ATTENTION_IN_QKV_MAX_ROWS = 0
 # benchmark set pairs both)
 QKV_ATTENTION_REGISTERS = 64
 # Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
-# kernel `_mlp`): each program takes MLP_COLUMNS of the intermediate (mlp_columns), computes gate and up for them from
-# the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of down_proj
-# and its SiLU·mul, added atomically into a residual buffer of the next layer's (the first program adds the residual
-# it read). No program waits for another's SiLU·mul: down's K is split where gate/up's columns are, so gate/up's last
-# bytes and down's first stream in one kernel, not across a kernel's drain and the next's ramp. At small batch the
-# measured profiles put much of the small models' missing time there (docs/benchmarks.md: their gate/up and down at
-# 1.4 TB/s, Qwen3-0.6B). The residual cannot be added to in place (every program reads it whole for the norm), so
-# the step keeps four residual buffers and each layer's MLP zeroes the one a later MLP adds into (residual_buffers).
+# kernel `_mlp`): each program takes a slice of the intermediate's columns (mlp_columns), computes gate and up for them
+# from the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of
+# down_proj and its SiLU·mul, added atomically into a residual buffer of the next layer's (the first program adds the
+# residual it read). No program waits for another's SiLU·mul: down's K is split where gate/up's columns are, so
+# gate/up's last bytes and down's first stream in one kernel, not across a kernel's drain and the next's ramp. At small
+# batch the measured profiles put much of the small models' missing time there (docs/benchmarks.md: their gate/up and
+# down at 1.4 TB/s, Qwen3-0.6B). The residual cannot be added to in place (every program reads it whole for the norm),
+# so the step keeps four residual buffers and each layer's MLP zeroes the one a later MLP adds into (residual_buffers).
 # Off (0) until measured on a GPU: built and checked on the CPU (Triton's interpreter, and compiled for sm_90) on
 # 2026-12-05, when no GPU was lent; `python benchmarks/fused_prefetch.py --set mlp` pairs it with the default.
 MLP_IN_ONE_MAX_ROWS = 0
@@ -545,19 +545,21 @@ def _mlp(Residual, Next, Zero, Gain, Pair, Down, rows, hidden, eps, zero_share, 
          C: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, ZB: tl.constexpr, ONE_TILE: tl.constexpr,
          PDL: tl.constexpr, DOWN_TO_L2: tl.constexpr):
     """A layer's MLP for C columns of its intermediate (MLP_IN_ONE_MAX_ROWS; program id 0): gate and up of the normed
-    Residual [rows, hidden] (fp32) from their paired, packed rows (Pair: pair_blocks then pack, [2C, BK] tiles), SiLU·mul
-    rounded as the unfused step stores it, then down's product of those columns (Down: [programs, hidden, C]) added
-    atomically into Next, which holds zeros until this kernel's programs add to it; the first program adds Residual
-    too. Each program also zeroes its share (zero_share values) of Zero, the buffer a later layer's MLP adds into.
-    ONE_TILE: BK covers the hidden size (gate/up's whole K in one load)."""
+    Residual [rows, hidden] (fp32) from their paired, packed rows (Pair: pair_blocks then pack, [2C, BK] tiles),
+    SiLU·mul rounded as the unfused step stores it, then down's product of those columns (Down: [programs, hidden, C])
+    added atomically into Next, which holds zeros until this kernel's programs add to it; the first program adds
+    Residual too. Each program also zeroes its share (zero_share values) of Zero, the buffer a later layer's MLP adds
+    into. ONE_TILE: BK covers the hidden size (gate/up's whole K in one load)."""
     p = tl.program_id(0)
     k_tiles = tl.cdiv(hidden, BK)
     if DOWN_TO_L2:  # its slice of down, asked of L2 now so that it is there once gate/up's tiles have streamed
         _prefetch_to_l2(Down, p * hidden * C, down_bytes)
     w = _weight_tile(Pair, p, 0, hidden, 2 * C, hidden, k_tiles, 2 * C, BK, True)  # weights: before the wait
     _pdl_wait(PDL)
+    # gate/up's product as `_matvec`'s loop computes it (the residual also stands for ResOut and Ids: a plain input)
     acc, squares = _weight_loop(w, Residual, hidden, Residual, Residual, Gain, Pair, rows, 0, hidden, hidden, 2 * C,
-                                k_tiles, p, 0, 0, True, ROWS, 2 * C, BK, True, False, False, 0, ONE_TILE)
+                                k_tiles, p, 0, INPUT=0, NORM=True, ROWS=ROWS, BN=2 * C, BK=BK, PACKED=True, DOT=False,
+                                PREFETCH=False, STAGES=0, ONE_TILE=ONE_TILE)
     _pdl_start(PDL)  # the next layer's first weights may load from here on
     act = _swiglu(acc * tl.rsqrt(squares / hidden + eps)[:, None], ROWS, 2 * C)
     act = act.to(Down.dtype.element_ty).to(tl.float32)  # the unfused step's SiLU·mul is stored in the weights' dtype
@@ -568,8 +570,8 @@ def _mlp(Residual, Next, Zero, Gain, Pair, Down, rows, hidden, eps, zero_share, 
 
 @triton.jit
 def _down_added(act, Residual, Next, Down, p, rows, hidden, ROWS: tl.constexpr, C: tl.constexpr, BH: tl.constexpr):
-    """act [ROWS, C] times the program's columns of down (Down: its [hidden, C] slice), in blocks of BH outputs, the next
-    block's weights loaded before this one's are used, added atomically into Next (Residual too by program 0)."""
+    """act [ROWS, C] times the program's columns of down (Down: its [hidden, C] slice), in blocks of BH outputs, the
+    next block's weights loaded before this one's are used, added atomically into Next (Residual too by program 0)."""
     r, c, h = tl.arange(0, ROWS), tl.arange(0, C), tl.arange(0, BH)
     w = tl.load(Down + h[:, None] * C + c[None, :], mask=(h < hidden)[:, None], other=0.0)
     for h0 in range(0, hidden, BH):
@@ -1058,8 +1060,8 @@ class MlpBlock:
     warps: int
 
     def __str__(self) -> str:
-        return (f"mlp: gate/up, SiLU·mul and down in one kernel, {self.columns} columns of the intermediate a program, "
-                f"{self.programs} programs, {self.warps} warps")
+        return (f"mlp: gate/up, SiLU·mul and down in one kernel, {self.columns} columns of the intermediate a "
+                f"program, {self.programs} programs, {self.warps} warps")
 
 
 def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: int, *, residual=None, ids=None,
@@ -1195,7 +1197,7 @@ def plan_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, rows: int
     """A layer's MLP as `_mlp` reads it at `rows` batch rows: gate and up paired in blocks of mlp_columns rows each
     (pair_blocks) and packed in [2C, BK] tiles; down's columns as [programs, hidden, C], each program's slice
     contiguous (zeros past the intermediate). A thread holds about MLP_VALUES_A_THREAD 16-bit values of a tile (half
-    as many of fp32) for each batch row on MLP_WARPS warps (one, in the interpreter, in INTERPRETED_MLP_BLOCK blocks)."""
+    as many of fp32) for each batch row on MLP_WARPS warps (one in the interpreter, in INTERPRETED_MLP_BLOCK blocks)."""
     columns, (hidden, intermediate) = mlp_columns(gate.shape[0]), down.shape
     warps = 1 if interpreted() else MLP_WARPS
     widest = triton.next_power_of_2(hidden)
