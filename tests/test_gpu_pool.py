@@ -36,6 +36,10 @@ def test_six_jobs_on_two_slots_never_share_a_slot_and_land_in_one_sweep(workdir)
     _, parents, children = runs_by_kind(store(workdir))
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 6
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    # each job's own output in the sweep's one submitit folder, named by its process (no folder a job: submitit makes
+    # that only after the job's process started, which may already be opening its log there)
+    (submitit,) = (workdir / "outputs").glob("sweeps/*/*/.submitit")
+    assert len(list(submitit.glob("*_0_log.out"))) == 6 and not [p for p in submitit.iterdir() if p.is_dir()]
 
 
 def test_a_killed_job_frees_its_slot_and_the_rest_finish(workdir):

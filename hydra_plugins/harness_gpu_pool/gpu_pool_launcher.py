@@ -30,7 +30,11 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 class GpuPoolLauncherConf:
     _target_: str = "hydra_plugins.harness_gpu_pool.gpu_pool_launcher.GpuPoolLauncher"
     gpus: Optional[List[int]] = None  # the GPUs (as nvidia-smi numbers them) to use; None: every visible one
-    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"  # each job's submitit logs (stdout, stderr)
+    # each job's submitit files (its stdout and stderr as <process id>_0_log.out and _log.err, its pickles), in one
+    # folder: not a folder a job (.submitit/%j), which submitit's local executor creates only after it has started
+    # the job's process, whose first act is to open its log there (on a 2-core machine, 8 jobs at once: one failed
+    # with FileNotFoundError in most sweeps)
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit"
     timeout_min: int = 24 * 60  # a job still running after this is stopped (SIGTERM: recorded KILLED)
 
 
