@@ -17,8 +17,8 @@ Per layer, in launch order:
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
 5. `_matvec` (down): added to the residual stream in place.
-   (4 and 5 in one kernel instead, off by default and not yet measured: `_mlp`, MLP_IN_ONE_MAX_ROWS; each program
-   adds its columns' share of down into the next layer's residual buffer, residual_buffers.)
+   (4 and 5 in one kernel instead, off by default, measured slower: `_mlp`, MLP_IN_ONE_MAX_ROWS; each program adds
+   its columns' share of down into the next layer's residual buffer, residual_buffers.)
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
 Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
@@ -222,8 +222,10 @@ ATTENTION_O_REGISTERS = 128
 # counted last for a KV head computes that head's attention, as `_attention`'s one chunk does, and stores its output
 # for O. Unlike the attention folded into O, each head's attention runs once, and as soon as its own columns are
 # summed, while the product's other programs still stream their weights: the dependency is a head's, not the whole
-# kernel's. Off (0) until measured on a GPU: built and checked on the CPU (Triton's interpreter, and compiled for sm_90)
-# on 2026-12-04, when no GPU was lent; `python benchmarks/fused_prefetch.py --set into_qkv` pairs it with the default.
+# kernel's. Off (0): paired on one H200 (docs/benchmarks.md, "the MLP in one kernel, and the attention in the QKV
+# product's tail"), Llama-3.2-1B's step at the study's workload took 1.64 (128 registers) to 1.85 times (64) as long:
+# the attention's chain, now at the end of the programs counted last, after their share of the product, costs more
+# than the launch it saves. `python benchmarks/fused_prefetch.py --set into_qkv` pairs it with the default.
 ATTENTION_IN_QKV_MAX_ROWS = 0
 # ... on at most this many registers a thread (None: as ptxas allocates): the product's own code needs 56 on eight
 # warps, with the attention 174-177 (Llama-3.2-1B's and Qwen3-0.6B's shapes compiled for sm_90 by Triton 3.6, the
@@ -240,8 +242,11 @@ QKV_ATTENTION_REGISTERS = 64
 # batch the measured profiles put much of the small models' missing time there (docs/benchmarks.md: their gate/up and
 # down at 1.4 TB/s, Qwen3-0.6B). The residual cannot be added to in place (every program reads it whole for the norm),
 # so the step keeps four residual buffers and each layer's MLP zeroes the one a later MLP adds into (residual_buffers).
-# Off (0) until measured on a GPU: built and checked on the CPU (Triton's interpreter, and compiled for sm_90) on
-# 2026-12-05, when no GPU was lent; `python benchmarks/fused_prefetch.py --set mlp` pairs it with the default.
+# Off (0): paired on one H200 (docs/benchmarks.md, "the MLP in one kernel"), every variant tried was slower: as built,
+# Llama-3.2-1B's step at the study's workload 1.79 times as long and Qwen3-0.6B's at context 1024 1.16 times (the best
+# variants 1.24 and 1.04 times). The kernel read at 1.2-1.35 TB/s where the two it replaces read at 1.6-3.3: each
+# program's chain (two products in turn, a tile in flight beside the one in use, then the atomic adds) costs more
+# than the launch between them. `python benchmarks/fused_prefetch.py --set mlp` pairs it with the default.
 MLP_IN_ONE_MAX_ROWS = 0
 # ... with a thread holding about this many weight values a load, on MLP_WARPS warps, and a program taking the widest
 # power-of-two slice of the intermediate that still leaves MLP_PROGRAMS programs at least (MLP_MIN_COLUMNS at least)
