@@ -15,7 +15,7 @@ from matplotlib.ticker import NullLocator  # noqa: E402
 
 from harness.store import results, tracking  # noqa: E402
 from harness.modes import MODES  # noqa: E402
-from harness.analysis.rows import GRAPHS_LOST_NOTE, Row, row_of  # noqa: E402
+from harness.analysis.rows import Row, caveats, row_of  # noqa: E402
 from harness.analysis.summary import speedup_intervals, speedup_text, speedups  # noqa: E402
 from harness.record import JobRecord  # noqa: E402
 
@@ -71,8 +71,7 @@ def _cell(row: Row, speedup: str) -> str:
     if row["status"] != "FINISHED":
         return f"{row['status']}: {row['reason'][:80]}"
     spread = f" ±{row['ci_pct']:.1f}%" if row.get("ci_pct") is not None else ""
-    parts = [f"{row['median_ms']:.3f} ms{spread}" + (" noisy" if row.get("noisy") else "")
-             + (f" {GRAPHS_LOST_NOTE}" if row.get("graphs_lost") else "")]
+    parts = [f"{row['median_ms']:.3f} ms{spread}" + caveats(row.get("noisy"), row.get("graphs_lost"))]
     if speedup != "-":
         parts.append(speedup)
     if row["efficiency"] is not None:

@@ -35,6 +35,11 @@ class Row(TypedDict):
 GRAPHS_LOST_NOTE = "no CUDA graph replayed"  # beside such a run's median in every table
 
 
+def caveats(noisy: bool, lost_graphs: bool) -> str:
+    """What every table writes after a run's median: that it is noisy, that its step replayed no CUDA graph."""
+    return (" noisy" if noisy else "") + (f" {GRAPHS_LOST_NOTE}" if lost_graphs else "")
+
+
 def graphs_lost(mode_tags: dict) -> bool:
     """Whether a run's compile mode records CUDA graphs but its step replayed none (its `cuda_graphs` tag): its times
     are kernels launched one by one, and every table says so beside them."""

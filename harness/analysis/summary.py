@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.analysis.rows import GRAPHS_LOST_NOTE, Row, graphs_lost, row_of
+from harness.analysis.rows import Row, caveats, graphs_lost, row_of
 from harness.record import JobRecord, unlogged
 
 
@@ -53,8 +53,7 @@ def median_text(metrics: dict, mode_tags: dict) -> str:
     text = f"{metrics['step_ms_median']:.3f}"
     if "step_ms_ci_pct" in metrics:
         text += f" ±{metrics['step_ms_ci_pct']:.1f}%"
-    return (text + (" noisy" if "noisy" in mode_tags else "")
-            + (f" {GRAPHS_LOST_NOTE}" if graphs_lost(mode_tags) else ""))
+    return text + caveats("noisy" in mode_tags, graphs_lost(mode_tags))
 
 
 def parent_metrics(records: list[JobRecord]) -> dict[str, float]:

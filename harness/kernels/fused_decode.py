@@ -1224,7 +1224,13 @@ def attention_o_warps() -> dict:
     Llama-3.2-1B's 256 programs in one wave; left to ptxas it took 224, one program an SM); one in the interpreter."""
     if interpreted():
         return dict(num_warps=1)
-    return dict(num_warps=8, **({"maxnreg": ATTENTION_O_REGISTERS} if ATTENTION_O_REGISTERS else {}))
+    return dict(num_warps=8, **held_to(ATTENTION_O_REGISTERS))
+
+
+def held_to(registers: int | None) -> dict:
+    """A launch's option that holds a kernel to `registers` a thread (ptxas's maxnreg); none where None (ptxas
+    allocates) or in Triton's interpreter, which has no registers to hold."""
+    return {"maxnreg": registers} if registers and not interpreted() else {}
 
 
 def pack_o_groups(weight: torch.Tensor, bn: int, kv_heads: int) -> torch.Tensor:
@@ -1626,7 +1632,7 @@ class FusedDecoder:
             ROWS=triton.next_power_of_2(self.rows), C=block.columns, BK=block.bk, BH=block.bh,
             ZB=triton.next_power_of_2(share), ONE_TILE=block.bk >= self.hidden,
             DOWN_TO_L2=MLP_DOWN_TO_L2 and not interpreted(), num_warps=block.warps, **self._launch(),
-            **({"maxnreg": MLP_REGISTERS} if MLP_REGISTERS and not interpreted() else {}))
+            **held_to(MLP_REGISTERS))
 
     def mlp_plan(self) -> str:
         """How the step runs each layer's MLP, as the run's `fused_plan` tag says."""
@@ -1654,7 +1660,7 @@ class FusedDecoder:
         options = dict(HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=self.group_pad, D=self.head_dim,
                        BLOCK_N=ATTN_BLOCK_N, QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift,
                        APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(), FENCE=not interpreted(),
-                       **({"maxnreg": QKV_ATTENTION_REGISTERS} if QKV_ATTENTION_REGISTERS and not interpreted() else {}))
+                       **held_to(QKV_ATTENTION_REGISTERS))
         self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm, attention=(arguments, options))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
