@@ -22,6 +22,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set queries model=...     # the chunk's first K/V before the queries
     python benchmarks/fused_prefetch.py --set rules model=...       # the slice rule against the kernels before
     python benchmarks/fused_prefetch.py --set tma model=...         # the tiles' weights through TMA, or registers
+    python benchmarks/fused_prefetch.py --set width model=qwen3-4b  # a model between the rules' widths
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -241,13 +242,23 @@ TMA_VARIANTS = [("tiles through registers", ["fused.tma=false"], {}),
                 # too, or on three (the rule as committed after it)
                 ("3 stages, 2 past one wave of 3 an SM", [], dict(TMA_WIDE_PROGRAMS_PER_SM=1 << 20)),
                 ("the rule: 2 stages where that brings the programs into one wave, else 3", [], {})]
+# `--set width`: a model between the rules' widths as they were, slicing up to 2048 wide and streaming tiles through
+# TMA from 4096 (Qwen3-4B, 2560 wide, then tiled every product through registers): its tiles through TMA, its bs=1
+# products sliced, or both (in Qwen3-1.7B, 2048 wide and sliced already at bs=1, the second and fourth put QKV and O
+# through TMA). Measured, TMA from 2560 became the rule (docs/benchmarks.md, "a model between the rules' widths")
+WIDTH_VARIANTS = [("TMA from 4096 wide (the rule it was measured against)", [], dict(TMA_FROM_HIDDEN=4096)),
+                  ("tiles through TMA from 2048 wide", [], dict(TMA_FROM_HIDDEN=2048)),
+                  ("sliced up to 2560 wide (bs=1)", [], dict(SLICE_MAX_HIDDEN=2560)),
+                  ("sliced up to 2560 wide, the other tiles through TMA", [],
+                   dict(SLICE_MAX_HIDDEN=2560, TMA_FROM_HIDDEN=2048))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
         "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
-        "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS}
+        "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
+        "width": WIDTH_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -258,7 +269,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "ATTENTION_IN_QKV_MAX_ROWS", "QKV_ATTENTION_REGISTERS",
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
-    "TMA_WIDE_PROGRAMS_PER_SM", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS", "MLP_REGISTERS")}
+    "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
+    "MLP_REGISTERS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -277,8 +277,8 @@ def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, mo
 def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave_and_three_elsewhere(monkeypatch):
     """An 8B model's products as the rule plans them on the H200 (132 SMs): three stages for Qwen3-8B's QKV and gate/up
     (384 programs: one wave at three an SM), two for its O and down (512) and for Llama-3.1-8B's gate/up (448), which
-    two bring into one wave, and three again for lm_head (thousands: several waves either way); fused.tma off, or a
-    model narrower than TMA_FROM_HIDDEN, streams nothing."""
+    two bring into one wave, and three again for lm_head (thousands: several waves either way); Qwen3-4B (2560 wide)
+    streams too; fused.tma off, or a model narrower than TMA_FROM_HIDDEN (2048 wide), streams nothing."""
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan: 64 x 128 tiles, tensor cores
     options, wide = FusedOptions(), fused_decode.TMA_FROM_HIDDEN
     weight = lambda n, k: torch.empty(n, k, dtype=torch.bfloat16, device="meta")  # noqa: E731 (shapes only)
@@ -295,6 +295,10 @@ def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave
     assert (llama_gate_up.grid[0], llama_gate_up.stages) == (448, 2)
     assert planned(4096, 4096, "o", options=FusedOptions(tma=False)).descriptor is None
     assert planned(4096, 4096, "o", hidden=wide // 2).descriptor is None
+    # Qwen3-4B (2560 wide: every product tiles) streams; Qwen3-1.7B and Llama-3.2-1B (2048) keep the registers
+    qwen3_4b = fused_decode.plan_swiglu(weight(9728, 2560), weight(9728, 2560), options, 1, 2560)
+    assert (qwen3_4b.grid, qwen3_4b.stages, qwen3_4b.descriptor is not None) == ((304, 1), 3, True)
+    assert planned(4096, 2048, "qkv", hidden=2048).descriptor is None
     fp32 = fused_decode.plan(torch.empty(4096, 4096, device="meta"), options, True, 1, wide, kind="o")
     assert fp32.descriptor is None  # an fp32 run's weights keep the registers on a GPU
 

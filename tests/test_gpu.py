@@ -101,7 +101,11 @@ def test_graphs_remove_the_idle_gaps_that_eager_leaves(tmp_path):
     print(f"kernels/step eager {eager['kernels_per_step']:.0f}, graphed {graphed['kernels_per_step']:.0f}; "
           f"idle eager {eager['profiled_gpu_idle_fraction']:.3f}, graphed {graphed['profiled_gpu_idle_fraction']:.3f}; "
           f"floor {graphed['floor_ms']:.3f} ms, efficiency eager {eager['efficiency']:.3f} graphed {graphed['efficiency']:.3f}")
-    assert graphed["profiled_gpu_idle_fraction"] < 0.25 * eager["profiled_gpu_idle_fraction"]
+    # the idle time a step, not its share: a graphed step is 5x shorter, so the same gap is a larger share of it
+    # (seen on one H200: idle eager 0.952 of 25 ms, graphed 0.243 of 4.6 ms, which a bound on the shares failed)
+    idle_ms = {name: m["profiled_gpu_idle_fraction"] * m["profiled_wall_ms_per_step"]
+               for name, m in (("eager", eager), ("graphed", graphed))}
+    assert idle_ms["graphed"] < 0.1 * idle_ms["eager"], idle_ms
     assert graphed["kernels_per_step"] > 100 and eager["kernels_per_step"] > 100
     assert (tmp_path / "graphed" / "top_kernels.csv").is_file() and (tmp_path / "graphed" / "trace.json.gz").is_file()
     assert 0.2 < graphed["floor_ms"] < 0.4 and 0 < graphed["efficiency"] < 1
@@ -367,6 +371,7 @@ def test_a_compiled_step_loaded_from_disk_replays_cuda_graphs_as_the_traced_one_
             torch.cuda.synchronize()
         return sum(e.count for e in prof.key_averages() if e.key == "cudaGraphLaunch"), tokens
 
+    models.release_models()  # both models built here, under inference_mode: none left by an earlier test
     with torch.inference_mode():
         traced = stepper(seed=0)
     assert traced.tags["compile_cache"].startswith("traced and compiled")

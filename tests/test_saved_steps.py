@@ -80,6 +80,10 @@ def test_a_steps_name_changes_with_all_that_decides_its_code_and_only_that(fresh
               step_key(model, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, True)]  # regions
     deeper = get_model(run_config(*FAST, "device=cpu", "model.num_hidden_layers=3").model, "bf16", "sdpa", cpu, 0).model
     others.append(step_key(deeper, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False))
+    with torch.inference_mode():  # inference tensors for parameters, which the step's guards tell apart
+        inference = get_model(cfg.model, "bf16", "sdpa", cpu, seed=2).model
+    assert next(inference.parameters()).is_inference()
+    others.append(step_key(inference, (1, 64), torch.bfloat16, cpu, {"triton.cudagraphs": False}, False))
     assert len({key, *others}) == len(others) + 1
 
 
@@ -153,6 +157,41 @@ def test_a_loaded_step_runs_its_compiled_code_not_the_models_python(tmp_path, fr
         del model.model.layers[0].forward
         expected = reference.step()
     assert torch.allclose(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_saved_step_whose_guards_reject_the_jobs_model_is_traced_afresh_not_called(tmp_path, monkeypatch,
+                                                                                      fresh_model_cache):
+    """A step saved over a model of ordinary parameters, found under the same name by a job whose model holds
+    inference tensors (built under torch.inference_mode): its guards fail on the parameters' dispatch keys, and a call
+    would raise (seen on the H200). The job traces the step afresh and says why; its logits are eager's."""
+    from harness.models import get_model
+    from harness.modes import saved_step
+    from harness.modes.base import Stepper
+    from harness.modes.compiled import CompiledStepper
+    from tests.support import run_config
+
+    monkeypatch.setattr(saved_step, "step_key", lambda *args: "one-name")  # as if the name did not tell them apart
+    cfg, cpu = run_config(*FAST, "device=cpu", "dtype=fp32"), torch.device("cpu")
+    prompt = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
+
+    def stepper(seed: int, model=None):
+        model = model or get_model(cfg.model, "fp32", "sdpa", cpu, seed).model
+        return model, CompiledStepper(model, prompt, 64, "default", {}, False, keep_in=tmp_path).compile(prompt)
+
+    ordinary = get_model(cfg.model, "fp32", "sdpa", cpu, seed=0).model  # built outside inference_mode
+    with torch.inference_mode():
+        _, first = stepper(0, ordinary)
+        assert first.tags["compile_cache"] == TRACED
+        model, second = stepper(seed=1)
+        assert next(model.parameters()).is_inference()
+        assert second.tags["compile_cache"] == TRACED, second.tags
+        assert "guards fail" in second.tags["compiled_step_load_failed"]
+        assert "dispatch key" in second.tags["compiled_step_load_failed"]
+        reference = Stepper(model, prompt, 64)
+        second.restart(prompt)
+        assert torch.allclose(second.step(), reference.step(), rtol=1e-4, atol=1e-4)
+        _, third = stepper(seed=2)  # the step saved again over the second: its guards pass
+        assert third.tags["compile_cache"] == LOADED
 
 
 @pytest.mark.e2e

@@ -269,10 +269,13 @@ INTERPRETED_MLP_COLUMNS, INTERPRETED_MLP_BLOCK = 16, 16
 # wave (four an SM or more at two), three elsewhere (lm_head's thousands of programs run several waves either way): 7.8%
 # off Qwen3-8B's step and 9.7% off Llama-3.1-8B's (lm_head on two stages as well: 0.5% and 0.3% slower). In the small
 # models (Qwen3-0.6B, Llama-3.2-1B: their tiles are the small QKV and O products, a tile or two a program, nothing for
-# the pipeliner to overlap) three stages added 7.9% and 1.3%.
+# the pipeliner to overlap) three stages added 7.9% and 1.3%. Between them, paired on one H200 (GPU-11c5cb2d,
+# 2026-12-05; docs/benchmarks.md, "a model between the rules' widths"): Qwen3-4B (2560 wide, every product tiles) took
+# 15.4% off its step at bs=1 and 15.1% at bs=8 through TMA; Qwen3-1.7B (2048, its QKV and O tiles) moved by +0.05%.
+# So the rule starts past 2048.
 # TMA_KINDS (every kind: PRODUCT_KINDS, below) and TMA_STAGES_OF (a kind's own stages) are for the benchmarks'
 # variants.
-TMA_FROM_HIDDEN = 4096
+TMA_FROM_HIDDEN = 2560
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}

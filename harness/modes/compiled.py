@@ -224,7 +224,7 @@ class CompiledStepper(Stepper):
         step_function = _regional_step if self.regions else forward_step
         if path.exists():
             try:
-                step = saved_step.load(path, step_function, options)
+                step = saved_step.load(path, step_function, options, (self.model, self.cache, self.static_ids))
                 self.tags["compiled_step"], self.metrics["compile_step_loaded"] = f"{LOADED}, {key}", 1.0
                 self.step_source = LOADED
                 return step

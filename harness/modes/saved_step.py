@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = 1  # of the files and their key: bump where what the key covers changes
+FORMAT = 2  # of the files and their key: bump where what the key covers changes
 HARNESS_ROOT = Path(__file__).resolve().parents[1]
 # The saved steps' folder is kept within this many MB: every change of the harness's source, torch, transformers or
 # Triton names each step anew, and the `models` preset alone saved 18 steps, 81 MB, on the H200 (docs/benchmarks.md),
@@ -69,6 +69,9 @@ def step_key(model: torch.nn.Module, cache_shape: tuple, cache_dtype: torch.dtyp
         triton_version = None
     what = {"format": FORMAT, "modules": repr(model), "config": model.config.to_json_string(use_diff=False),
             "attention": model.config._attn_implementation, "parameters": str(next(model.parameters()).dtype),
+            # a model built under torch.inference_mode holds inference tensors, which a step traced over ordinary
+            # ones rejects at its first call (its guards check the parameters' dispatch keys)
+            "inference_parameters": next(model.parameters()).is_inference(),
             "cache": [list(cache_shape), str(cache_dtype)], "options": options, "regions": regions,
             "device": _device_name(device), "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": triton_version, "python": platform.python_version(), "harness": harness_source_digest()}
@@ -81,18 +84,33 @@ def _device_name(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} sm{''.join(map(str, torch.cuda.get_device_capability(device)))}"
 
 
-def load(path: Path, step_function, options: dict):
-    """The step kept at `path`, ready to call; StepNotSaved where it cannot be read. `options`: the Inductor
-    options it was compiled with, in force while it loads: loading wraps its code in CUDA graphs only where the
-    global config says so at that moment (torch 2.11 reads triton.cudagraphs then, not from the file). Without them,
-    every step loaded on the H200 ran its kernels unrecorded, 4 to 5 times slower than the same step traced."""
+def load(path: Path, step_function, options: dict, args: tuple):
+    """The step kept at `path`, ready to call with `args`; StepNotSaved where it cannot be read, or where its guards
+    reject `args` (a call would raise, not retrace). `options`: the Inductor options it was compiled with, in force
+    while it loads: loading wraps its code in CUDA graphs only where the global config says so at that moment (torch
+    2.11 reads triton.cudagraphs then, not from the file). Without them, every step loaded on the H200 ran its kernels
+    unrecorded, 4 to 5 times slower than the same step traced."""
     try:
         with torch._inductor.config.patch(options), path.open("rb") as file:
             step = torch.compiler.load_compiled_function(file, f_globals=step_function.__globals__)
     except Exception as error:  # a file of another torch, or cut short: compile afresh over it
         raise StepNotSaved(f"the saved step {path.name} could not be loaded: {one_line(error)}") from error
+    if (rejected := guards_reject(step, args)) is not None:
+        raise StepNotSaved(f"the saved step {path.name} does not fit this job: its guards fail on {rejected}")
     _mark_used(path)
     return step
+
+
+def guards_reject(step, args: tuple) -> str | None:
+    """What the loaded step's guards fail on for `args` (their first failing check, in one line), or None where they
+    pass or this torch offers no check before the call."""
+    check = getattr(step, "guard_check", None)
+    if check is None or check(*args):
+        return None
+    manager = step._artifacts.guard_manager  # the reason, as the failing call would raise it
+    f_locals = step.prepare_f_locals(*args)
+    parts = getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or ["(no reason given)"]
+    return " ".join(str(parts[0]).split())[:300]
 
 
 def compile_and_save(path: Path, step_function, options: dict, example_args: tuple):
