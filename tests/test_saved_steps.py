@@ -175,7 +175,7 @@ def test_a_saved_step_whose_guards_reject_the_jobs_model_is_traced_afresh_not_ca
     prompt = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
 
     def stepper(seed: int, model=None):
-        model = model or get_model(cfg.model, "fp32", "sdpa", cpu, seed).model
+        model = get_model(cfg.model, "fp32", "sdpa", cpu, seed).model if model is None else model
         return model, CompiledStepper(model, prompt, 64, "default", {}, False, keep_in=tmp_path).compile(prompt)
 
     ordinary = get_model(cfg.model, "fp32", "sdpa", cpu, seed=0).model  # built outside inference_mode

@@ -105,12 +105,16 @@ def guards_reject(step, args: tuple) -> str | None:
     """What the loaded step's guards fail on for `args` (their first failing check, in one line), or None where they
     pass or this torch offers no check before the call."""
     check = getattr(step, "guard_check", None)
-    if check is None or check(*args):
-        return None
-    manager = step._artifacts.guard_manager  # the reason, as the failing call would raise it
-    f_locals = step.prepare_f_locals(*args)
-    parts = getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or ["(no reason given)"]
-    return " ".join(str(parts[0]).split())[:300]
+    try:
+        if check is None or check(*args):
+            return None
+    except Exception as error:  # a check that cannot run on these arguments: a call could not either
+        return f"their check, which raised {one_line(error)}"
+    try:  # the reason, as the failing call would raise it (torch's own structures, read where they are as in 2.11-2.13)
+        parts = step._artifacts.guard_manager.check_verbose(step.prepare_f_locals(*args)).verbose_code_parts
+    except Exception:
+        parts = None
+    return " ".join(str((parts or ["(no reason given)"])[0]).split())[:300]
 
 
 def compile_and_save(path: Path, step_function, options: dict, example_args: tuple):
