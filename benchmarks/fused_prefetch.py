@@ -23,6 +23,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set rules model=...       # the slice rule against the kernels before
     python benchmarks/fused_prefetch.py --set tma model=...         # the tiles' weights through TMA, or registers
     python benchmarks/fused_prefetch.py --set width model=qwen3-4b  # a model between the rules' widths
+    python benchmarks/fused_prefetch.py --set study model=...       # the public study's blocks and early launch
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -251,6 +252,22 @@ WIDTH_VARIANTS = [("TMA from 4096 wide (the rule it was measured against)", [], 
                   ("sliced up to 2560 wide (bs=1)", [], dict(SLICE_MAX_HIDDEN=2560)),
                   ("sliced up to 2560 wide, the other tiles through TMA", [],
                    dict(SLICE_MAX_HIDDEN=2560, TMA_FROM_HIDDEN=2048))]
+# `--set study`: the public study's projections (docs/benchmarks.md, "the study's recipe"): every product as whole rows
+# of the weight read into registers before the PDL wait (fused.slices for QKV and O too), in blocks of two rows on four
+# warps (a thread holding 2K/128 values: 32 of a 2048-wide K, 16 of a 1024-wide), and each kernel letting the next
+# launch at its start, so that a chain of launched kernels holds the next products' weights while one runs
+AT_START = fused_decode.AT_START
+EVERY_SLICED = dict(SLICED_KINDS=EVERY)
+STUDY_BLOCKS = dict(EVERY_SLICED, SLICE_VALUES_A_THREAD=32, SLICE_VALUES_A_THREAD_NARROW=16,
+                    SLICE_MORE_WARPS_FROM=1 << 30)
+STUDY_VARIANTS = [("the default (the rules)", [], {}),
+                  ("every product sliced (the rules' blocks), launched as the rule", [], EVERY_SLICED),
+                  ("every product sliced, each launching the next at its start", [],
+                   dict(EVERY_SLICED, **launch_at(EVERY, AT_START))),
+                  ("the study's blocks: every product sliced, 2 rows on 4 warps", [], STUDY_BLOCKS),
+                  ("the study's blocks, each launching the next at its start", [],
+                   dict(STUDY_BLOCKS, **launch_at(EVERY, AT_START))),
+                  ("the rules' kinds, the slices launching the next at their start", [], launch_at(SLICES, AT_START))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -258,7 +275,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
         "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
-        "width": WIDTH_VARIANTS}
+        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -270,7 +287,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
-    "MLP_REGISTERS")}
+    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

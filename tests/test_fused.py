@@ -3,6 +3,7 @@ fused kernel can hide failing the run, and what the config refuses before anythi
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -16,6 +17,7 @@ import triton.language as tl
 
 from harness import models
 from harness.config.labels import FUSED_SWITCHES
+from harness.cli.precheck import compose_single_run
 from harness.config.schema import ConfigError, FusedConfig
 from harness.kernels import fused_decode
 from harness.kernels.fused_decode import ATTN_BLOCK_N, FusedDecoder, FusedOptions, pack, pair_blocks, split_count
@@ -732,6 +734,11 @@ products = [  # qkv of layer 0 (embedding rows, split), gate/up (SwiGLU, bf16 ou
     dict(INPUT=0, NORM=False, OUTPUT=3, SPLITS=4, BUMP=False, PACKED=False, ROWS=1, BN=4, BK=2048, DOT=False,
          ONE_TILE=True, LAUNCH=2),
     dict(INPUT=0, NORM=True, OUTPUT=2, SPLITS=1, BUMP=True, PACKED=True, X="*fp32", LAUNCH=2),
+    # ... or at the start, before the weights' loads (AT_START: 3), a slice and tiles in a loop
+    dict(INPUT=0, NORM=False, OUTPUT=0, SPLITS=1, BUMP=False, PACKED=False, ROWS=1, BN=2, BK=2048, DOT=False,
+         ONE_TILE=True, LAUNCH=3),
+    dict(INPUT=0, NORM=True, OUTPUT=1, SPLITS=1, BUMP=False, PACKED=True, X="*fp32", Out="*bf16", BN=32,
+         PREFETCH=True, LAUNCH=3),
 ]
 for product in products:
     sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(names, "constexpr"), **{k: v for k, v in product.items() if isinstance(v, str)}}
@@ -749,10 +756,13 @@ for product in products:
     # loads and before the stores; or where asked at the wait, before any load that follows it, or after the stores
     launch, prefetch, wait = (ptx.find(op) for op in ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
                                                        "griddepcontrol.wait"))
-    print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait < launch
+    at_start = consts["LAUNCH"] == 3
+    print("order", (prefetch != -1) == consts["PREFETCH"] and prefetch < wait
+          and (launch < wait) == at_start and (at_start or wait < launch)
           and ptx.count("griddepcontrol.launch_dependents") == 1
-          and (launch < ptx.find("ld.global", wait)) == (consts["LAUNCH"] == 0)
-          and any(op in ptx[launch:] for op in ("st.global", "atom.global", "red.global")) == (consts["LAUNCH"] < 2)
+          and (launch < ptx.find("ld.global", wait)) == (consts["LAUNCH"] in (0, 3))
+          and (launch < ptx.find("ld.global") and (prefetch == -1 or launch < prefetch)) == at_start
+          and any(op in ptx[launch:] for op in ("st.global", "atom.global", "red.global")) == (consts["LAUNCH"] != 2)
           and (not consts["PREFETCH"] or "setp.eq.u32 first_thread, tid, 0" in ptx)
           and (consts["STAGES"] == 0 or "cp.async.cg.shared.global" in ptx[wait:launch]))  # the pipeliner's copies
 sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
@@ -882,7 +892,7 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 12 + ["reads", "True", "attention", "True"] * 7
+    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
                                    + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2 + ["mlp", "True"] * 2)
 
@@ -898,6 +908,38 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
         for label, _, constants in variants:
             assert set(constants) <= set(fused_prefetch.DEFAULTS), (name, label)
     assert {"into_qkv", "mlp"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
+
+
+def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_holds(monkeypatch):
+    """benchmarks/fused_occupancy.py: a product's programs an SM are bounded by its registers (allocated a warp at a
+    time, in units of 256), its threads and its shared memory; the plans are a GPU's (fused.slices for gate/up, down
+    and lm_head at bs=1), not the interpreter's tiles; and a product compiled for sm_90 reports what ptxas gave it."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_occupancy as occupancy
+
+    assert occupancy.programs_an_sm(125, 8, 36864) == 2  # 16 registers' units a warp: 16 warps, two programs
+    assert occupancy.programs_an_sm(100, 1, 0) == 19  # 3200 registers a warp take 3328: 19 warps, not 20
+    assert occupancy.programs_an_sm(80, 4, 32) == 6 and occupancy.programs_an_sm(48, 4, 32) == 10
+    assert occupancy.programs_an_sm(32, 4, 0) == 16  # threads: 2048 an SM
+    assert occupancy.programs_an_sm(16, 1, 0) == 32  # programs: 32 an SM
+    assert occupancy.programs_an_sm(32, 4, 100 * 1024) == 2  # shared memory: 228 KB an SM
+    cfg = compose_single_run(["mode=fused", "model=llama-3.2-1b"])
+    products = occupancy.step_products(cfg.model, 1, FusedOptions())
+    assert [p.choice.slices for p in products.values()] == [False, False, True, True, True]
+    assert products["gate_up"].grid == (2048, 1) and products["qkv"].grid == (48, 8)
+    # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
+    script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
+              "from harness.cli.precheck import compose_single_run; from harness.kernels.fused_decode import "
+              "FusedOptions; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
+              "p = o.step_products(cfg.model, 1, FusedOptions()); print(json.dumps(o.occupancy_rows("
+              "{'down': p['down']}, 1)))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (down,) = json.loads(done.stdout.splitlines()[-1])
+    assert down["kind"] == "down" and down["programs"] == 2048 and 32 <= down["registers"] <= 255
+    assert down["per_sm"] == occupancy.programs_an_sm(down["registers"], 4, down["shared"])
+    assert down["waves"] == pytest.approx(2048 / (down["per_sm"] * 132))
 
 
 @pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},

@@ -201,7 +201,11 @@ SLICE_VALUES_A_THREAD_NARROW = 128
 # step at the study's workload (twice, two GPUs), 0.9% at context 1024, 0.4-0.6% off Qwen3-1.7B's, and moved
 # Qwen3-0.6B's (four warps) by +0.0 to +0.2% and Qwen3-8B's (tiles) by +0.0%; down or lm_head after their stores
 # 0.2-0.3% on Llama-3.2-1B; every product at its wait 5.5-32% slower on three models.
-AT_WAIT, AFTER_LOOP, AT_END = 0, 1, 2
+# AT_START, first of all, before its weight loads: the public study's projections (every one whole rows of the
+# weight in registers, read before the wait) let the next kernel launch so, and their chain of waiting kernels then
+# holds the next products' weights in registers while this one runs. Only for the benchmarks' variants
+# (benchmarks/fused_prefetch.py, `--set study`): with tiles it was the 43% slower early launch above.
+AT_WAIT, AFTER_LOOP, AT_END, AT_START = 0, 1, 2, 3
 LAUNCH_AT: dict[str, int] = {}
 # The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
 ATTENTION_LAUNCH_AT_START = True
@@ -403,13 +407,14 @@ def _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total
             PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
             STAGES: tl.constexpr = 0, ONE_TILE: tl.constexpr = False, LAUNCH: tl.constexpr = 1):
     """out = norm?(input) @ W.T for one block of BN output columns and one K split (program ids 0 and 1)."""
+    _pdl_wait_launch(PDL, False, LAUNCH == 3)  # AT_START: before any load
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
     if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
     w = _weight_tile(W, pid_n, k_start, k_end, n_total, k_total, k_tiles, BN, BK, PACKED)  # weights: before the wait
-    _pdl_wait_launch(PDL, True, LAUNCH == 0)  # where the next kernel may launch (0, 1, 2): launch_point
+    _pdl_wait_launch(PDL, True, LAUNCH == 0)  # where the next kernel may launch (0-3): launch_point
     acc, squares = _weight_loop(w, X, x_row, ResOut, Ids, Gain, W, rows, k_start, k_end, k_total, n_total, k_tiles,
                                 pid_n, prefetch_ahead, INPUT, NORM, ROWS, BN, BK, PACKED, DOT, PREFETCH, STAGES,
                                 ONE_TILE)
@@ -445,6 +450,7 @@ def _matvec_tma(X, x_row, ResOut, Ids, Gain, W, Wdesc, Out, SquaresOut, Bump, ro
     the tensor cores read it there, where `_matvec`'s tiles pass through registers and are stored to shared memory
     again for the MMA. The pipeliner's first copies come after the PDL wait (they are issued with the input's, which
     the kernel before writes); PREFETCH asks L2 for the first tiles before it."""
+    _pdl_wait_launch(PDL, False, LAUNCH == 3)  # AT_START: before any load
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
@@ -1084,11 +1090,7 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
     residual, ids, gain_given = out if residual is None else residual, out if ids is None else ids, gain is not None
     gain, squares = out if gain is None else gain, out if squares is None else squares
     bump_at = out if bump is None else bump
-    padded = triton.next_power_of_2(rows)
-    shared = dict(INPUT=input, NORM=gain_given, OUTPUT=output, SPLITS=product.splits, BUMP=bump is not None,
-                  ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk,
-                  PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0,
-                  LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
+    shared = product_constants(product, rows, input, output, gain_given, bump is not None, pdl)
     sizes = (rows, product.k, product.n, out.shape[-1], triton.cdiv(product.k, product.splits), product.k_tiles, eps,
              product.prefetch_bytes)
     if product.descriptor is not None:
@@ -1104,9 +1106,21 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
         _qkv_attention[product.grid](*arguments, *attention[0], **options, **attention[1])
 
 
+def product_constants(product: Product, rows: int, input: int, output: int, norm: bool, bump: bool,
+                      pdl: bool) -> dict:
+    """The compile-time constants and launch options of `product`'s kernel at `rows` batch rows (launch_product's;
+    benchmarks/fused_occupancy.py compiles the same)."""
+    padded = triton.next_power_of_2(rows)
+    return dict(INPUT=input, NORM=norm, OUTPUT=output, SPLITS=product.splits, BUMP=bump,
+                ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk,
+                PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0,
+                LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
+
+
 def launch_point(product: Product) -> int:
-    """Where `product`'s programs let the next kernel launch (AT_WAIT, AFTER_LOOP or AT_END): LAUNCH_AT's point for its
-    kind, else the rule's: after its stores for a gate/up sliced on eight warps, after its loop for the rest."""
+    """Where `product`'s programs let the next kernel launch (AT_WAIT, AFTER_LOOP, AT_END or AT_START): LAUNCH_AT's
+    point for its kind, else the rule's: after its stores for a gate/up sliced on eight warps, after its loop for the
+    rest."""
     if product.kind in LAUNCH_AT:
         return LAUNCH_AT[product.kind]
     sliced = product.choice is not None and product.choice.slices

@@ -1,0 +1,152 @@
+"""How many programs of each mode=fused product a Hopper SM holds at once, and how many weight bytes a wave of them
+has in flight: every product of a model's step planned as a GPU's rules plan it, compiled for sm_90 by Triton's
+ahead-of-time compiler (no GPU needed), its registers and shared memory read from ptxas's output (cuobjdump
+-res-usage, the tool Triton ships), and an H200's per-SM limits applied. On any machine:
+    python benchmarks/fused_occupancy.py model=llama-3.2-1b [bs=1 ...]
+    python benchmarks/fused_occupancy.py --set study model=qwen3-0.6b      # each variant of a fused_prefetch.py set
+The GPU decides what the compiler does not say (how the programs of two kernels share an SM under PDL, how fast a
+wave drains); this says what the plans allow: the programs a wave, the waves a product, and the weights a wave asks
+for before its PDL wait.
+"""
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__":  # the kernels compiled for the GPU, not run in Triton's interpreter (set before
+    os.environ["TRITON_INTERPRET"] = "0"  # harness.kernels is imported: Triton reads it where a kernel is defined)
+import math  # noqa: E402
+import re
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from harness.cli.precheck import compose_single_run
+from harness.kernels import fused_decode
+
+# An H200's (and H100's) streaming multiprocessor, sm_90: CUDA's occupancy limits
+REGISTERS_AN_SM, THREADS_AN_SM, PROGRAMS_AN_SM, SHARED_BYTES_AN_SM = 65536, 2048, 32, 228 * 1024
+SHARED_BYTES_RESERVED_A_PROGRAM = 1024  # the runtime's share of each resident block's shared memory
+REGISTER_UNIT = 256  # a warp's registers are allocated in units of this many
+SM90 = GPUTarget("cuda", 90, 32)
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+# Each kind's input, output and pointer types as FusedDecoder._product launches it, past the first layer
+POINTERS = dict(X="*fp32", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32",
+                Bump="*i64")
+LAUNCHED_AS = {  # kind: (X, Out, norm, output, bump)
+    "qkv": ("*fp32", "*fp32", True, fused_decode.PARTIALS, False),
+    "o": ("*bf16", "*fp32", False, fused_decode.ADD, False),
+    "gate_up": ("*fp32", "*bf16", True, fused_decode.SWIGLU, False),
+    "down": ("*bf16", "*fp32", False, fused_decode.ADD, False),
+    "lm_head": ("*fp32", "*fp32", True, fused_decode.LOGITS, True),
+}
+SIZES = ("x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
+         "prefetch_ahead")
+
+
+def programs_an_sm(registers: int, warps: int, shared_bytes: int) -> int:
+    """How many programs of `warps` warps, `registers` a thread and `shared_bytes` of shared memory one SM holds."""
+    by_threads = THREADS_AN_SM // (32 * warps)
+    registers_a_warp = math.ceil(registers * 32 / REGISTER_UNIT) * REGISTER_UNIT
+    by_registers = REGISTERS_AN_SM // registers_a_warp // warps
+    by_shared = SHARED_BYTES_AN_SM // (shared_bytes + SHARED_BYTES_RESERVED_A_PROGRAM)
+    return min(by_threads, by_registers, by_shared, PROGRAMS_AN_SM)
+
+
+def step_products(model_cfg, rows: int, options: fused_decode.FusedOptions) -> dict[str, fused_decode.Product]:
+    """Each kind's product of one layer (and lm_head) as a GPU's rules plan it for `rows` batch rows (planned
+    here, with Triton's interpreter taken as off: the interpreter's plans are its own), over bf16 weights of the
+    model's shapes whose values are never read."""
+    hidden, heads, kv_heads = model_cfg.hidden_size, model_cfg.num_attention_heads, model_cfg.num_key_value_heads
+    d, inter = model_cfg.head_dim, model_cfg.intermediate_size
+
+    def weight(n: int, k: int) -> torch.Tensor:
+        return torch.empty(n, k, dtype=torch.bfloat16)
+
+    with mock.patch.object(fused_decode, "interpreted", lambda: False):
+        plan = lambda kind, n, k: fused_decode.plan(weight(n, k), options, kind in fused_decode.SPLITTABLE_KINDS,
+                                                    rows, hidden, kind=kind)
+        return {"qkv": plan("qkv", (heads + 2 * kv_heads) * d, hidden), "o": plan("o", hidden, heads * d),
+                "gate_up": fused_decode.plan_swiglu(weight(inter, hidden), weight(inter, hidden), options, rows,
+                                                    hidden),
+                "down": plan("down", hidden, inter), "lm_head": plan("lm_head", model_cfg.vocab_size, hidden)}
+
+
+def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = True) -> tuple[int, int]:
+    """(registers a thread, shared bytes a program) of `product`'s `_matvec` as ptxas compiles it for sm_90."""
+    x, out, norm, output, bump = LAUNCHED_AS[kind]
+    constants = fused_decode.product_constants(product, rows, fused_decode.PLAIN, output, norm, bump, pdl)
+    warps = constants.pop("num_warps")
+    constants.pop("launch_pdl", None)
+    constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile)
+    signature = {**POINTERS, "X": x, "Out": out, **dict.fromkeys(SIZES, "i32"), "eps": "fp32",
+                 **dict.fromkeys(constants, "constexpr")}
+    compiled = triton.compile(ASTSource(fused_decode._matvec, signature, constants), target=SM90,
+                              options=dict(num_warps=warps))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
+                               text=True, check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1)), compiled.metadata.shared
+
+
+def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list[dict]:
+    """A row a product: its plan, resources, programs an SM, waves and the weights a full wave holds."""
+    table = []
+    for kind, product in products.items():
+        programs = product.grid[0] * product.grid[1]
+        if product.descriptor is not None:  # `_matvec_tma`: its shared memory is its stages' tiles
+            table.append(dict(kind=kind, plan=str(product), programs=programs, registers=None))
+            continue
+        registers, shared = resources(kind, product, rows)
+        per_sm = programs_an_sm(registers, product.warps, shared)
+        at_once = min(programs, per_sm * fused_decode.SMS)
+        first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2  # before the wait
+        table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
+                          per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
+                          wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))
+    return table
+
+
+def print_table(label: str, table: list[dict]) -> None:
+    print(f"\n{label}")
+    print("| product | plan | programs | registers a thread | shared bytes | programs an SM | waves "
+          "| MB a wave asks before its wait | MB of weights |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for row in table:
+        if row["registers"] is None:
+            print(f"| {row['kind']} | {row['plan']} | {row['programs']} | (TMA: not compiled here) | | | | | |")
+            continue
+        print(f"| {row['kind']} | {row['plan']} | {row['programs']} | {row['registers']} | {row['shared']} | "
+              f"{row['per_sm']} | {row['waves']:.2f} | {row['wave_mb']:.1f} | {row['weight_mb']:.1f} |")
+
+
+def main(overrides: list[str], variants: list | None) -> None:
+    cfg = compose_single_run(["mode=fused", *overrides])
+    options = fused_decode.FusedOptions(**{k: getattr(cfg.fused, k) for k in ("split_k", "packed", "prefetch",
+                                                                              "slices", "tma")})
+    print(f"{cfg.label}: Triton {triton.__version__}, compiled for sm_90")
+    for name, _, constants in variants or [("the rules", [], {})]:
+        from fused_prefetch import DEFAULTS  # this folder's (run as `python benchmarks/fused_occupancy.py`)
+        for constant, value in {**DEFAULTS, **constants}.items():
+            setattr(fused_decode, constant, value)
+        print_table(name, occupancy_rows(step_products(cfg.model, cfg.bs, options), cfg.bs))
+
+
+if __name__ == "__main__":
+    args, chosen = sys.argv[1:], None
+    if args[:1] == ["--set"]:
+        from fused_prefetch import SETS
+
+        chosen, args = SETS[args[1]], args[2:]
+    if args[:1] == ["--only"]:
+        chosen = [chosen[int(i)] for i in args[1].split(",")]
+        args = args[2:]
+    main(args, chosen)
