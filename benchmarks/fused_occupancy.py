@@ -78,23 +78,47 @@ def step_products(model_cfg, rows: int, options: fused_decode.FusedOptions) -> d
                 "down": plan("down", hidden, inter), "lm_head": plan("lm_head", model_cfg.vocab_size, hidden)}
 
 
-def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = True) -> tuple[int, int]:
-    """(registers a thread, shared bytes a program) of `product`'s `_matvec` as ptxas compiles it for sm_90."""
+def launch_sizes(kind: str, product: fused_decode.Product, rows: int) -> dict[str, int]:
+    """The integers `product`'s `_matvec` is launched with in the step (launch_product's, x's row stride first): x
+    is a whole row of K wide, and gate/up's output half its columns."""
+    return dict(x_row=product.k, rows=rows, k_total=product.k, n_total=product.n,
+                out_cols=product.n // 2 if kind == "gate_up" else product.n,
+                k_per_split=triton.cdiv(product.k, product.splits), k_tiles=product.k_tiles,
+                prefetch_bytes=product.prefetch_bytes, prefetch_ahead=product.prefetch_ahead)
+
+
+def specialised(sizes: dict[str, int]) -> tuple[dict[str, int], list[str]]:
+    """What Triton's JIT makes of a launch's integers: those equal to 1 compiled in as constants, and the names of
+    those it marks as multiples of 16 (the pointers too: a torch allocation is), which lets it vectorise loads."""
+    ones = {name: 1 for name, value in sizes.items() if value == 1}
+    return ones, [*POINTERS, *(name for name, value in sizes.items() if value != 1 and value % 16 == 0)]
+
+
+def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = True) -> tuple[int, int, int]:
+    """(registers a thread, shared bytes a program, 16-byte loads a thread issues before its PDL wait) of
+    `product`'s `_matvec` as ptxas compiles it for sm_90, its arguments specialised as the JIT specialises the
+    step's."""
     x, out, norm, output, bump = LAUNCHED_AS[kind]
     constants = fused_decode.product_constants(product, rows, fused_decode.PLAIN, output, norm, bump, pdl)
     warps = constants.pop("num_warps")
     constants.pop("launch_pdl", None)
-    constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile)
+    ones, aligned = specialised(launch_sizes(kind, product, rows))
+    constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile, **ones)
     signature = {**POINTERS, "X": x, "Out": out, **dict.fromkeys(SIZES, "i32"), "eps": "fp32",
                  **dict.fromkeys(constants, "constexpr")}
-    compiled = triton.compile(ASTSource(fused_decode._matvec, signature, constants), target=SM90,
+    names = fused_decode._matvec.arg_names
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    compiled = triton.compile(ASTSource(fused_decode._matvec, signature, constants, attrs=attrs), target=SM90,
                               options=dict(num_warps=warps))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
         usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
                                text=True, check=True).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1)), compiled.metadata.shared
+    ptx = compiled.asm["ptx"]
+    before_wait = ptx[:ptx.find("griddepcontrol.wait")] if pdl else ptx
+    wide_loads = len(re.findall(r"ld\.global[.\w]*\.v4\.(?:b32|u32|f32)", before_wait))
+    return int(re.search(r"REG:(\d+)", usage).group(1)), compiled.metadata.shared, wide_loads
 
 
 def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list[dict]:
@@ -105,27 +129,28 @@ def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list
         if product.descriptor is not None:  # `_matvec_tma`: its shared memory is its stages' tiles
             table.append(dict(kind=kind, plan=str(product), programs=programs, registers=None))
             continue
-        registers, shared = resources(kind, product, rows)
+        registers, shared, wide_loads = resources(kind, product, rows)
         per_sm = programs_an_sm(registers, product.warps, shared)
         at_once = min(programs, per_sm * fused_decode.SMS)
         first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2  # before the wait
         table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
-                          per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
+                          wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
                           wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))
     return table
 
 
 def print_table(label: str, table: list[dict]) -> None:
     print(f"\n{label}")
-    print("| product | plan | programs | registers a thread | shared bytes | programs an SM | waves "
-          "| MB a wave asks before its wait | MB of weights |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| product | plan | programs | registers a thread | shared bytes | 16-byte loads a thread before the wait "
+          "| programs an SM | waves | MB a wave asks before its wait | MB of weights |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in table:
         if row["registers"] is None:
-            print(f"| {row['kind']} | {row['plan']} | {row['programs']} | (TMA: not compiled here) | | | | | |")
+            print(f"| {row['kind']} | {row['plan']} | {row['programs']} | (TMA: not compiled here) | | | | | | |")
             continue
         print(f"| {row['kind']} | {row['plan']} | {row['programs']} | {row['registers']} | {row['shared']} | "
-              f"{row['per_sm']} | {row['waves']:.2f} | {row['wave_mb']:.1f} | {row['weight_mb']:.1f} |")
+              f"{row['wide_loads']} | {row['per_sm']} | {row['waves']:.2f} | {row['wave_mb']:.1f} | "
+              f"{row['weight_mb']:.1f} |")
 
 
 def main(overrides: list[str], variants: list | None) -> None:

@@ -923,8 +923,15 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     assert occupancy.programs_an_sm(32, 4, 0) == 16  # threads: 2048 an SM
     assert occupancy.programs_an_sm(16, 1, 0) == 32  # programs: 32 an SM
     assert occupancy.programs_an_sm(32, 4, 100 * 1024) == 2  # shared memory: 228 KB an SM
+    # compiled as the JIT specialises the step's launch: a batch of one compiled in, multiples of 16 marked so (without
+    # them Triton cannot prove a 16-byte load aligned and reads the weights two bytes at a time)
+    ones, aligned = occupancy.specialised({"rows": 1, "k_total": 2048, "n_total": 3, "prefetch_bytes": 0})
+    assert ones == {"rows": 1} and aligned == [*occupancy.POINTERS, "k_total", "prefetch_bytes"]
     cfg = compose_single_run(["mode=fused", "model=llama-3.2-1b"])
     products = occupancy.step_products(cfg.model, 1, FusedOptions())
+    assert occupancy.launch_sizes("gate_up", products["gate_up"], 1) == dict(
+        x_row=2048, rows=1, k_total=2048, n_total=16384, out_cols=8192, k_per_split=2048, k_tiles=1, prefetch_bytes=0,
+        prefetch_ahead=0)
     assert [p.choice.slices for p in products.values()] == [False, False, True, True, True]
     assert products["gate_up"].grid == (2048, 1) and products["qkv"].grid == (48, 8)
     # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
@@ -938,6 +945,8 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     assert done.returncode == 0, done.stderr[-3000:]
     (down,) = json.loads(done.stdout.splitlines()[-1])
     assert down["kind"] == "down" and down["programs"] == 2048 and 32 <= down["registers"] <= 255
+    assert down["wide_loads"] == 8  # a thread's 64 weights (4 rows x 2048 / 128 threads) as 16-byte loads, all before
+    # the wait (unspecialised, the same kernel compiled none: a weight at a time)
     assert down["per_sm"] == occupancy.programs_an_sm(down["registers"], 4, down["shared"])
     assert down["waves"] == pytest.approx(2048 / (down["per_sm"] * 132))
 
