@@ -1,7 +1,9 @@
 """How many programs of each mode=fused product a Hopper SM holds at once, and how many weight bytes a wave of them
 has in flight: every product of a model's step planned as a GPU's rules plan it, compiled for sm_90 by Triton's
 ahead-of-time compiler (no GPU needed), its registers and shared memory read from ptxas's output (cuobjdump
--res-usage, the tool Triton ships), and an H200's per-SM limits applied. On any machine:
+-res-usage, the tool Triton ships) and its 16-byte loads before the PDL wait from the PTX, and an H200's per-SM
+limits applied; each compiled with its arguments specialised as Triton's JIT specialises the step's launch. Products
+whose tiles stream through TMA (fused.tma, models 2560 wide and up) are listed, not compiled. On any machine:
     python benchmarks/fused_occupancy.py model=llama-3.2-1b [bs=1 ...]
     python benchmarks/fused_occupancy.py --set study model=qwen3-0.6b      # each variant of a fused_prefetch.py set
 The GPU decides what the compiler does not say (how the programs of two kernels share an SM under PDL, how fast a

@@ -913,7 +913,8 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
 def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_holds(monkeypatch):
     """benchmarks/fused_occupancy.py: a product's programs an SM are bounded by its registers (allocated a warp at a
     time, in units of 256), its threads and its shared memory; the plans are a GPU's (fused.slices for gate/up, down
-    and lm_head at bs=1), not the interpreter's tiles; and a product compiled for sm_90 reports what ptxas gave it."""
+    and lm_head at bs=1), not the interpreter's tiles; a kernel is compiled with its arguments specialised as the JIT
+    specialises the step's launch; and a product compiled for sm_90 reports what ptxas gave it."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import fused_occupancy as occupancy
 
