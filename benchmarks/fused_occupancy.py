@@ -83,10 +83,9 @@ def step_products(model_cfg, rows: int, options: fused_decode.FusedOptions) -> d
 def launch_sizes(kind: str, product: fused_decode.Product, rows: int) -> dict[str, int]:
     """The integers `product`'s `_matvec` is launched with in the step (launch_product's, x's row stride first): x
     is a whole row of K wide, and gate/up's output half its columns."""
-    return dict(x_row=product.k, rows=rows, k_total=product.k, n_total=product.n,
-                out_cols=product.n // 2 if kind == "gate_up" else product.n,
-                k_per_split=triton.cdiv(product.k, product.splits), k_tiles=product.k_tiles,
-                prefetch_bytes=product.prefetch_bytes, prefetch_ahead=product.prefetch_ahead)
+    sizes = fused_decode.product_sizes(product, rows, product.n // 2 if kind == "gate_up" else product.n, eps=0.0)
+    del sizes["eps"]  # a float: the JIT does not specialise it
+    return dict(x_row=product.k, **sizes, prefetch_ahead=product.prefetch_ahead)
 
 
 def specialised(sizes: dict[str, int]) -> tuple[dict[str, int], list[str]]:
@@ -160,8 +159,9 @@ def main(overrides: list[str], variants: list | None) -> None:
     options = fused_decode.FusedOptions(**{k: getattr(cfg.fused, k) for k in ("split_k", "packed", "prefetch",
                                                                               "slices", "tma")})
     print(f"{cfg.label}: Triton {triton.__version__}, compiled for sm_90")
+    from fused_prefetch import DEFAULTS  # this folder's (run as `python benchmarks/fused_occupancy.py`)
+
     for name, _, constants in variants or [("the rules", [], {})]:
-        from fused_prefetch import DEFAULTS  # this folder's (run as `python benchmarks/fused_occupancy.py`)
         for constant, value in {**DEFAULTS, **constants}.items():
             setattr(fused_decode, constant, value)
         print_table(name, occupancy_rows(step_products(cfg.model, cfg.bs, options), cfg.bs))

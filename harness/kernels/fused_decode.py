@@ -1091,8 +1091,7 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
     gain, squares = out if gain is None else gain, out if squares is None else squares
     bump_at = out if bump is None else bump
     shared = product_constants(product, rows, input, output, gain_given, bump is not None, pdl)
-    sizes = (rows, product.k, product.n, out.shape[-1], triton.cdiv(product.k, product.splits), product.k_tiles, eps,
-             product.prefetch_bytes)
+    sizes = tuple(product_sizes(product, rows, out.shape[-1], eps).values())
     if product.descriptor is not None:
         _matvec_tma[product.grid](x, x.stride(0), residual, ids, gain, product.weight, product.descriptor, out,
                                   squares, bump_at, *sizes, STAGES=product.stages, **shared)
@@ -1115,6 +1114,14 @@ def product_constants(product: Product, rows: int, input: int, output: int, norm
                 ROWS=max(16, padded) if product.dot else padded, BN=product.bn, BK=product.bk,
                 PACKED=product.packed, DOT=product.dot, PREFETCH=product.prefetch_bytes > 0,
                 LAUNCH=launch_point(product), num_warps=product.warps, **pdl_launch(pdl))
+
+
+def product_sizes(product: Product, rows: int, out_cols: int, eps: float) -> dict:
+    """The scalars `_matvec` and `_matvec_tma` take after their pointers, by name, in their order (launch_product's;
+    benchmarks/fused_occupancy.py compiles for the same): `out_cols` is the output buffer's row length."""
+    return dict(rows=rows, k_total=product.k, n_total=product.n, out_cols=out_cols,
+                k_per_split=triton.cdiv(product.k, product.splits), k_tiles=product.k_tiles, eps=eps,
+                prefetch_bytes=product.prefetch_bytes)
 
 
 def launch_point(product: Product) -> int:

@@ -222,9 +222,10 @@ class CompiledStepper(Stepper):
         """The step saved at `path`, or where there is none (or it cannot be read), traced now and saved there;
         None where it cannot be saved."""
         step_function = _regional_step if self.regions else forward_step
+        args = (self.model, self.cache, self.static_ids)
         if path.exists():
             try:
-                step = saved_step.load(path, step_function, options, (self.model, self.cache, self.static_ids))
+                step = saved_step.load(path, step_function, options, args)
                 self.tags["compiled_step"], self.metrics["compile_step_loaded"] = f"{LOADED}, {key}", 1.0
                 self.step_source = LOADED
                 return step
@@ -232,7 +233,7 @@ class CompiledStepper(Stepper):
                 self.tags["compiled_step_load_failed"] = str(why)  # traced and saved again, below
         _Regions.on = self.regions
         try:
-            step = saved_step.compile_and_save(path, step_function, options, (self.model, self.cache, self.static_ids))
+            step = saved_step.compile_and_save(path, step_function, options, args)
         except saved_step.StepNotSaved as why:
             self.tags["compiled_step"] = str(why)
             return None
