@@ -2,8 +2,9 @@
 has in flight: every product of a model's step planned as a GPU's rules plan it, compiled for sm_90 by Triton's
 ahead-of-time compiler (no GPU needed), its registers and shared memory read from ptxas's output (cuobjdump
 -res-usage, the tool Triton ships) and its 16-byte loads before the PDL wait from the PTX, and an H200's per-SM
-limits applied; each compiled with its arguments specialised as Triton's JIT specialises the step's launch. Products
-whose tiles stream through TMA (fused.tma, models 2560 wide and up) are listed, not compiled. On any machine:
+limits applied; each compiled with its arguments specialised as Triton's JIT specialises the step's launch. A product
+whose tiles stream through TMA (fused.tma) is `_matvec_tma`, compiled the same way: its shared memory is its stages'
+tiles, and it asks for no weights before its wait (the copies start after it). On any machine:
     python benchmarks/fused_occupancy.py model=llama-3.2-1b [bs=1 ...]
     python benchmarks/fused_occupancy.py --set study model=qwen3-0.6b      # each variant of a fused_prefetch.py set
 The GPU decides what the compiler does not say (how the programs of two kernels share an SM under PDL, how fast a
@@ -27,6 +28,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import mangle_type
 
 from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
@@ -97,19 +99,27 @@ def specialised(sizes: dict[str, int]) -> tuple[dict[str, int], list[str]]:
 
 def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = True) -> tuple[int, int, int]:
     """(registers a thread, shared bytes a program, 16-byte loads a thread issues before its PDL wait) of
-    `product`'s `_matvec` as ptxas compiles it for sm_90, its arguments specialised as the JIT specialises the
-    step's."""
+    `product`'s kernel (`_matvec`, or `_matvec_tma` where its tiles stream through TMA) as ptxas compiles it for
+    sm_90, its arguments specialised as the JIT specialises the step's (launch_product's)."""
     x, out, norm, output, bump = LAUNCHED_AS[kind]
     constants = fused_decode.product_constants(product, rows, fused_decode.PLAIN, output, norm, bump, pdl)
     warps = constants.pop("num_warps")
     constants.pop("launch_pdl", None)
-    ones, aligned = specialised(launch_sizes(kind, product, rows))
-    constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile, **ones)
-    signature = {**POINTERS, "X": x, "Out": out, **dict.fromkeys(SIZES, "i32"), "eps": "fp32",
-                 **dict.fromkeys(constants, "constexpr")}
-    names = fused_decode._matvec.arg_names
+    types = {**POINTERS, "X": x, "Out": out, "eps": "fp32"}
+    if product.descriptor is None:
+        kernel = fused_decode._matvec
+        constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile)
+    else:  # the descriptor's type names its tile: what the JIT would take from the descriptor itself
+        kernel = fused_decode._matvec_tma
+        constants.update(STAGES=product.stages)
+        types["Wdesc"] = mangle_type(product.descriptor)
+    sizes = {name: value for name, value in launch_sizes(kind, product, rows).items() if name in kernel.arg_names}
+    ones, aligned = specialised(sizes)
+    constants.update(ones)
+    signature = {**types, **dict.fromkeys(sizes, "i32"), **dict.fromkeys(constants, "constexpr")}
+    names = kernel.arg_names
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    compiled = triton.compile(ASTSource(fused_decode._matvec, signature, constants, attrs=attrs), target=SM90,
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
                               options=dict(num_warps=warps))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
@@ -127,13 +137,13 @@ def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list
     table = []
     for kind, product in products.items():
         programs = product.grid[0] * product.grid[1]
-        if product.descriptor is not None:  # `_matvec_tma`: its shared memory is its stages' tiles
-            table.append(dict(kind=kind, plan=str(product), programs=programs, registers=None))
-            continue
         registers, shared, wide_loads = resources(kind, product, rows)
         per_sm = programs_an_sm(registers, product.warps, shared)
         at_once = min(programs, per_sm * fused_decode.SMS)
-        first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2  # before the wait
+        # a tile or slice loaded before the wait; TMA's copies come after it (the descriptor's loads, in its loop)
+        first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2
+        if product.descriptor is not None:
+            first_bytes = 0
         table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
                           wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
                           wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))
@@ -146,9 +156,6 @@ def print_table(label: str, table: list[dict]) -> None:
           "| programs an SM | waves | MB a wave asks before its wait | MB of weights |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in table:
-        if row["registers"] is None:
-            print(f"| {row['kind']} | {row['plan']} | {row['programs']} | (TMA: not compiled here) | | | | | | |")
-            continue
         print(f"| {row['kind']} | {row['plan']} | {row['programs']} | {row['registers']} | {row['shared']} | "
               f"{row['wide_loads']} | {row['per_sm']} | {row['waves']:.2f} | {row['wave_mb']:.1f} | "
               f"{row['weight_mb']:.1f} |")

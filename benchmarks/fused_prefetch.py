@@ -24,6 +24,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set tma model=...         # the tiles' weights through TMA, or registers
     python benchmarks/fused_prefetch.py --set width model=qwen3-4b  # a model between the rules' widths
     python benchmarks/fused_prefetch.py --set study model=...       # the public study's blocks and early launch
+    python benchmarks/fused_prefetch.py --set big_tma model=...     # gate/up, down, lm_head as tiles through TMA
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -268,6 +269,29 @@ STUDY_VARIANTS = [("the default (the rules)", [], {}),
                   ("the study's blocks, each launching the next at its start", [],
                    dict(STUDY_BLOCKS, **launch_at(EVERY, AT_START))),
                   ("the rules' kinds, the slices launching the next at their start", [], launch_at(SLICES, AT_START))]
+# `--set big_tma`: the small models' large products (gate/up, down, lm_head: SLICES, the rules' slices) as tiles whose
+# weights Hopper's tensor memory accelerator streams into shared memory, as the 8B models' are (fused.tma), where the
+# rules slice them. Not measured before: the rules' TMA starts 2560 wide, and the small models' TMA variants measured so
+# far ("tma", "width") streamed only their tile products, QKV and O, a tile or two a program, where it lost. A sliced
+# program loads its weights once, before its wait, and drains; a TMA tile program streams its K through STAGES tiles
+# in flight, from its wait on (benchmarks/fused_occupancy.py --set big_tma says what each plan holds an SM)
+
+
+def through_tma(kinds, **more) -> dict:
+    """The constants that run `kinds` (of SLICES) as tiles through TMA in a model of any width, the rest as the rules
+    plan them (QKV and O as tiles through registers)."""
+    return dict(SLICED_KINDS=tuple(kind for kind in SLICES if kind not in kinds), TMA_KINDS=tuple(kinds),
+                TMA_FROM_HIDDEN=0, **more)
+
+
+BIG_TMA_VARIANTS = [("the default (the rules: gate/up, down and lm_head sliced)", [], {}),
+                    ("gate/up, down and lm_head as tiles through TMA (the stage rule)", [], through_tma(SLICES)),
+                    ("gate/up as tiles through TMA", [], through_tma(["gate_up"])),
+                    ("down as tiles through TMA", [], through_tma(["down"])),
+                    ("lm_head as tiles through TMA", [], through_tma(["lm_head"])),
+                    ("gate/up, down and lm_head through TMA, 4 stages", [],
+                     through_tma(SLICES, TMA_STAGES_OF=dict.fromkeys(SLICES, 4))),
+                    ("gate/up, down and lm_head as tiles through registers", [], dict(SLICED_KINDS=()))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -275,7 +299,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
         "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
-        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS}
+        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",

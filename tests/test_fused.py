@@ -952,6 +952,47 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     assert down["waves"] == pytest.approx(2048 / (down["per_sm"] * 132))
 
 
+def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_compiles_their_tma_kernel(monkeypatch):
+    """benchmarks/fused_prefetch.py --set big_tma: each variant plans the small model's large products (the rules'
+    slices) as tiles through TMA, as tiles through registers, or sliced, as its name says, and leaves QKV and O to the
+    rules; benchmarks/fused_occupancy.py compiles a TMA product as `_matvec_tma`, whose stages' tiles are its shared
+    memory, and which asks for no weight before its wait."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_occupancy as occupancy
+    import fused_prefetch
+
+    big = {"gate_up", "down", "lm_head"}
+    streamed_and_sliced = [(set(), big), (big, set()), ({"gate_up"}, {"down", "lm_head"}),
+                           ({"down"}, {"gate_up", "lm_head"}), ({"lm_head"}, {"gate_up", "down"}), (big, set()),
+                           (set(), set())]
+    cfg = compose_single_run(["mode=fused", "model=qwen3-0.6b"])
+    variants = fused_prefetch.SETS["big_tma"]
+    assert len(variants) == len(streamed_and_sliced)
+    for (name, _, constants), (streamed, sliced) in zip(variants, streamed_and_sliced):
+        for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
+            monkeypatch.setattr(fused_decode, constant, value)
+        products = occupancy.step_products(cfg.model, 1, FusedOptions())
+        assert {kind for kind, p in products.items() if p.descriptor is not None} == streamed, name
+        assert {kind for kind, p in products.items() if p.choice.slices} == sliced, name
+        assert {p.stages for p in products.values() if p.descriptor is not None} <= ({4} if "4 stages" in name
+                                                                                      else {3}), name
+    # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
+    script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o, fused_prefetch as f; "
+              "from harness.cli.precheck import compose_single_run; from harness.kernels import fused_decode as d; "
+              "[setattr(d, n, v) for n, v in f.SETS['big_tma'][2][2].items()]; "
+              "cfg = compose_single_run(['mode=fused', 'model=qwen3-0.6b']); "
+              "p = o.step_products(cfg.model, 1, d.FusedOptions()); print(json.dumps(o.occupancy_rows("
+              "{'gate_up': p['gate_up']}, 1)))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (gate_up,) = json.loads(done.stdout.splitlines()[-1])
+    assert "TMA 3 stages" in gate_up["plan"] and gate_up["programs"] == 6144 // 64  # never split: 96 column blocks
+    assert gate_up["shared"] >= 3 * 64 * 128 * 2  # three bf16 64 x 128 tiles in flight (`_matvec` holds none there)
+    assert gate_up["wide_loads"] == 0 and gate_up["wave_mb"] == 0  # its copies come after the wait
+    assert gate_up["per_sm"] == occupancy.programs_an_sm(gate_up["registers"], 8, gate_up["shared"])
+
+
 @pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},
                                    {"MLP_IN_ONE_MAX_ROWS": 2},
                                    {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2}],
