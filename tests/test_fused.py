@@ -993,6 +993,39 @@ def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_comp
     assert gate_up["per_sm"] == occupancy.programs_an_sm(gate_up["registers"], 8, gate_up["shared"])
 
 
+def test_the_persistent_chain_computes_the_fp32_chain_each_way_and_loads_its_weights_where_it_says(monkeypatch):
+    """benchmarks/persistent_chain.py: the chain of products as a launch a product and as one persistent kernel
+    (here one program, whose barriers each wait for its own arrivals) computes the chain in fp32; each product counts
+    one arrival a program; a barrier that counts a program that never arrives gives up and says so; and compiled for
+    sm_90, the persistent kernel loads the next product's weights between its arrival and its wait only where it
+    says so (the rotated loop's order in the PTX)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import persistent_chain as chained
+
+    chain = chained.Chain.random(2, 32, 64, "cpu")
+    reference = chain.fp32()
+    runs = {"launches": lambda: chained.run_launches(chain, 2, False),
+            "persistent, loaded early": lambda: chained.run_persistent(chain, 1, True, spin_limit=4),
+            "persistent, loaded late": lambda: chained.run_persistent(chain, 1, False, spin_limit=4)}
+    for name, run in runs.items():
+        chain.down.zero_()
+        run()
+        torch.testing.assert_close(chain.down, reference, rtol=1e-4, atol=1e-5, msg=name)
+        assert int(chain.failed) == 0, name  # no barrier waited for an arrival that never came
+    assert int(chain.count) == 2 * 4  # two layers of four products, one program
+    chained.run_persistent(chain, 1, True, spin_limit=4, counted=2)
+    assert int(chain.failed) == 1
+    script = ("import sys, json; sys.path.insert(0, 'benchmarks'); import persistent_chain as c; "
+              "print(json.dumps([c.persistent_ptx(True), c.persistent_ptx(False)]))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for early, ptx in zip((True, False), json.loads(done.stdout.splitlines()[-1])):
+        release = ptx.index("gpu.release.add")  # a product's arrival, then (the loop rotated) the next one's wait
+        between = ptx[release:ptx.index("gpu.acquire", release)]
+        assert ("ld.global.v4" in between) == early  # the next product's rows, 16 bytes a load (x's are .cg, later)
+
+
 @pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},
                                    {"MLP_IN_ONE_MAX_ROWS": 2},
                                    {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2}],
