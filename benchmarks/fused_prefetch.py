@@ -291,6 +291,8 @@ BIG_TMA_VARIANTS = [("the default (the rules: gate/up, down and lm_head sliced)"
                     ("lm_head as tiles through TMA", [], through_tma(["lm_head"])),
                     ("gate/up, down and lm_head through TMA, 4 stages", [],
                      through_tma(SLICES, TMA_STAGES_OF=dict.fromkeys(SLICES, 4))),
+                    ("gate/up, down and lm_head through TMA, gate/up in 32-column tiles (twice the programs)", [],
+                     through_tma(SLICES, GATE_UP_TILE_COLUMNS=32)),
                     ("gate/up, down and lm_head as tiles through registers", [], dict(SLICED_KINDS=()))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
@@ -311,7 +313,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
-    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM")}
+    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -254,12 +254,15 @@ def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
     decode_like_eager(eager, run, decoder, 3)
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "row-major"])
-def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, monkeypatch):
+@pytest.mark.parametrize("packed, gate_up_columns", [(True, 0), (False, 0), (True, 16)],
+                         ids=["packed", "row-major", "gate-up-narrow"])
+def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, gate_up_columns, monkeypatch):
     """Every kind of product through `_matvec_tma` (TMA_KINDS; in the interpreter a descriptor reads the same boxes
     the copy engine would), over splits of several tiles each, packed tiles or row-major rows whose last block passes
-    the weight's edge: the same logits and cache as eager's, step after step."""
+    the weight's edge, and gate/up in tiles of GATE_UP_TILE_COLUMNS (8 of gate's, 8 of up's) where given: the same
+    logits and cache as eager's, step after step."""
     monkeypatch.setattr(fused_decode, "TMA_FROM_HIDDEN", 64)  # tiny's hidden size: the rule applies
+    monkeypatch.setattr(fused_decode, "GATE_UP_TILE_COLUMNS", gate_up_columns)
     monkeypatch.setattr(fused_decode, "INTERPRETED_BK", 16)  # tiny's hidden 64: 4 tiles of K, 2 a split
     monkeypatch.setattr(fused_decode, "MAX_SPLITS", 2)
     launched = []
@@ -270,6 +273,7 @@ def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, mo
     assert all(p.descriptor is not None and p.stages == fused_decode.TMA_STAGES for p in products.values())  # few programs
     assert products["qkv"].k // products["qkv"].bk // products["qkv"].splits >= 2
     assert products["lm_head"].n % products["lm_head"].bn  # its last block passes the edge (zeros: packed or TMA's)
+    assert products["gate_up"].bn == (gate_up_columns or fused_decode.INTERPRETED_BN)
     start = eager.context_len
     decode_like_eager(eager, run, decoder, 3)
     assert_same_cache(run, eager, start + 3, length=start + 3)
@@ -964,7 +968,7 @@ def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_comp
     big = {"gate_up", "down", "lm_head"}
     streamed_and_sliced = [(set(), big), (big, set()), ({"gate_up"}, {"down", "lm_head"}),
                            ({"down"}, {"gate_up", "lm_head"}), ({"lm_head"}, {"gate_up", "down"}), (big, set()),
-                           (set(), set())]
+                           (big, set()), (set(), set())]
     cfg = compose_single_run(["mode=fused", "model=qwen3-0.6b"])
     variants = fused_prefetch.SETS["big_tma"]
     assert len(variants) == len(streamed_and_sliced)
@@ -976,6 +980,8 @@ def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_comp
         assert {kind for kind, p in products.items() if p.choice.slices} == sliced, name
         assert {p.stages for p in products.values() if p.descriptor is not None} <= ({4} if "4 stages" in name
                                                                                       else {3}), name
+        # gate/up never splits: 96 programs of 64 columns (Qwen3-0.6B's 6144), twice as many of 32
+        assert products["gate_up"].grid[0] == (192 if "32-column" in name else 96) or "gate_up" in sliced, name
     # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o, fused_prefetch as f; "
               "from harness.cli.precheck import compose_single_run; from harness.kernels import fused_decode as d; "

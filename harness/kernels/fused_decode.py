@@ -283,6 +283,10 @@ TMA_FROM_HIDDEN = 2560
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
+# gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
+# (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
+# 64, 192 of 32). Through registers, 32 measured slower (13.2 against 11.1 µs a call, 2026-12-02: blocks_and_splits)
+GATE_UP_TILE_COLUMNS = 0
 
 
 @dataclass(frozen=True)
@@ -1466,6 +1470,8 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     both, k = 2 * gate.shape[0], gate.shape[1]
     choice = choice or default_choice(both, k, options, rows, hidden, "gate_up")
     bn, bk, _ = slice_layout(both, k, False, choice.warps, hidden) if choice.slices else tile_sizes(both, k)
+    if not choice.slices and GATE_UP_TILE_COLUMNS:
+        bn = GATE_UP_TILE_COLUMNS
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     if choice.slices:  # row-major rows, on CUDA cores
