@@ -911,7 +911,7 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
     for name, variants in fused_prefetch.SETS.items():
         for label, _, constants in variants:
             assert set(constants) <= set(fused_prefetch.DEFAULTS), (name, label)
-    assert {"into_qkv", "mlp"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
+    assert {"study", "big_tma"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
 
 
 def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_holds(monkeypatch):
