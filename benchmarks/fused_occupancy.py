@@ -50,8 +50,6 @@ LAUNCHED_AS = {  # kind: (X, Out, norm, output, bump)
     "down": ("*bf16", "*fp32", False, fused_decode.ADD, False),
     "lm_head": ("*fp32", "*fp32", True, fused_decode.LOGITS, True),
 }
-SIZES = ("x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
-         "prefetch_ahead")
 
 
 def programs_an_sm(registers: int, warps: int, shared_bytes: int) -> int:
@@ -141,9 +139,8 @@ def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list
         per_sm = programs_an_sm(registers, product.warps, shared)
         at_once = min(programs, per_sm * fused_decode.SMS)
         # a tile or slice loaded before the wait; TMA's copies come after it (the descriptor's loads, in its loop)
-        first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2
-        if product.descriptor is not None:
-            first_bytes = 0
+        first_bytes = (0 if product.descriptor is not None
+                       else product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2)
         table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
                           wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
                           wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))
