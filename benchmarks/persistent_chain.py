@@ -6,7 +6,8 @@ products the size of one of Qwen3-0.6B's (1024 -> 4096 -> 1024, four products an
 each program multiplying a block of whole rows, loaded before it waits for the product before (as fused.slices do):
 - "launches, PDL": one kernel a product, captured in one CUDA graph, each letting the next launch once its sums are
   done and waiting for the one before at PDL's wait (mode=fused's boundary);
-- "launches": the same without PDL;
+- "launches": the same without PDL; and with PDL, four times the programs on four warps (several an SM, as the
+  step's slices: the next kernel's programs can start beside them);
 - "persistent": one kernel, whose programs wait at a grid barrier (an atomic count, acquire and release at the
   GPU's scope) where a kernel would end; with its weights loaded before the barrier, or after it.
 Every program of the persistent kernel must be resident at once, or the barrier would never open: PROGRAMS is one an
