@@ -60,6 +60,16 @@ def harness_env(env: dict | None = None) -> dict:
     return full_env
 
 
+def compiled_for_the_gpu(script: str, timeout: float = 600) -> str:
+    """What `script` prints, run in a Python process of its own with Triton's interpreter off, so that its kernels
+    go through Triton's ahead-of-time compiler for the GPU (no GPU needed), where this process's run interpreted;
+    the process must exit cleanly."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=harness_env(env),

@@ -1,10 +1,6 @@
 """The context axis on CPU: the attention backends, the valid-prefix kernels, the chunked prefill."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +15,9 @@ from harness.config.validate import check_overrides, to_run_config
 from harness.measure.job import measure, seeded_prompt
 from harness.modes import base
 from harness.modes.eager import EagerStepper
-from tests.support import FAST, run_config
+from tests.support import FAST, compiled_for_the_gpu, run_config
 
 CPU = torch.device("cpu")
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
 
@@ -176,10 +171,7 @@ print("merge", len(triton.compile(ASTSource(_merge, sig, dict(HEADS=16, D=128, S
 def test_triton_decode_compiles_for_the_h200():
     """The interpreter checks the arithmetic; Triton's own compiler, run ahead of time for sm_90 (no GPU
     needed), checks that the kernels build as a GPU runs them (bf16, head_dim 128)."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", AOT_COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = done.stdout.split()
+    printed = compiled_for_the_gpu(AOT_COMPILE).split()
     assert printed[0::2] == ["split_kv", "split_kv", "merge"] and all(int(n) > 10_000 for n in printed[1::2])
 
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
@@ -23,7 +20,7 @@ from harness.kernels import fused_decode
 from harness.kernels.fused_decode import ATTN_BLOCK_N, FusedDecoder, FusedOptions, pack, pair_blocks, split_count
 from harness.measure.job import measure, seeded_prompt
 from harness.modes.base import Stepper
-from tests.support import FAST, REPO, run_config
+from tests.support import FAST, REPO, compiled_for_the_gpu, run_config
 
 FUSED = (*FAST, "device=cpu", "dtype=fp32", "bs=2", "mode=fused")
 LLAMA = ("model.model_type=llama", "+model.extra.rope_scaling={rope_type: llama3, factor: 8.0, high_freq_factor: 4.0, "
@@ -892,11 +889,7 @@ for hidden, columns, bk, bh in ((2048, 32, 256, 512), (1024, 16, 512, 1024)):  #
 def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_launch():
     """The interpreter checks the arithmetic on CUDA cores; Triton's compiler, run ahead of time for sm_90 (no GPU
     needed), checks that each kernel builds as the H200 runs it: bf16 tensor-core products, atomics, PDL's waits."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", "import triton\n" + AOT_COMPILE], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
+    assert compiled_for_the_gpu("import triton\n" + AOT_COMPILE, timeout=900).split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
                                    + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2 + ["mlp", "True"] * 2)
 
@@ -945,10 +938,8 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
               "FusedOptions; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
               "p = o.step_products(cfg.model, 1, FusedOptions()); print(json.dumps(o.occupancy_rows("
               "{'down': p['down']}, 1)))")
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    (down,) = json.loads(done.stdout.splitlines()[-1])
+    printed = compiled_for_the_gpu(script)
+    (down,) = json.loads(printed.splitlines()[-1])
     assert down["kind"] == "down" and down["programs"] == 2048 and 32 <= down["registers"] <= 255
     assert down["wide_loads"] == 8  # a thread's 64 weights (4 rows x 2048 / 128 threads) as 16-byte loads, all before
     # the wait (unspecialised, the same kernel compiled none: a weight at a time)
@@ -989,10 +980,8 @@ def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_comp
               "cfg = compose_single_run(['mode=fused', 'model=qwen3-0.6b']); "
               "p = o.step_products(cfg.model, 1, d.FusedOptions()); print(json.dumps(o.occupancy_rows("
               "{'gate_up': p['gate_up']}, 1)))")
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    (gate_up,) = json.loads(done.stdout.splitlines()[-1])
+    printed = compiled_for_the_gpu(script)
+    (gate_up,) = json.loads(printed.splitlines()[-1])
     assert "TMA 3 stages" in gate_up["plan"] and gate_up["programs"] == 6144 // 64  # never split: 96 column blocks
     assert gate_up["shared"] >= 3 * 64 * 128 * 2  # three bf16 64 x 128 tiles in flight (`_matvec` holds none there)
     assert gate_up["wide_loads"] == 0 and gate_up["wave_mb"] == 0  # its copies come after the wait
@@ -1023,10 +1012,8 @@ def test_the_persistent_chain_computes_the_fp32_chain_each_way_and_loads_its_wei
     assert int(chain.failed) == 1
     script = ("import sys, json; sys.path.insert(0, 'benchmarks'); import persistent_chain as c; "
               "print(json.dumps([c.persistent_ptx(True), c.persistent_ptx(False)]))")
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    for early, ptx in zip((True, False), json.loads(done.stdout.splitlines()[-1])):
+    printed = compiled_for_the_gpu(script)
+    for early, ptx in zip((True, False), json.loads(printed.splitlines()[-1])):
         release = ptx.index("gpu.release.add")  # a product's arrival, then (the loop rotated) the next one's wait
         between = ptx[release:ptx.index("gpu.acquire", release)]
         assert ("ld.global.v4" in between) == early  # the next product's rows, 16 bytes a load (x's are .cg, later)
