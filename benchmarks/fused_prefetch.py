@@ -29,6 +29,9 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
     python benchmarks/fused_prefetch.py --set warps model=... bs=32  # four warps at 32 rows, or eight
+    python benchmarks/fused_prefetch.py --set big_tma --verify 1 model=...  # one variant as a verified harness job:
+                     # its constants set, then `python -m harness -m mode=fused model=...` in this process (its checks
+                     # against fp32, its record in the store, its `fused_plan` tag naming what ran)
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
 kernels as they were before the prefetch, four warps, none; attention: folded, the default) with a 95% interval
 from a bootstrap over rounds that keeps each round's pair (harness ab's statistic, harness/measure/stats.py).
@@ -41,6 +44,7 @@ import sys
 import torch
 
 from fused_kernels import fused_model_and_prompt  # this folder's (run as `python benchmarks/fused_prefetch.py`)
+from harness.cli.main import main as cli_main
 from harness.clock import block_ms
 from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
@@ -361,6 +365,16 @@ def main(overrides: list[str]) -> None:
               f"{min(spans):.4f}–{max(spans):.4f} | {against_first(times[0], spans)} |")
 
 
+def verify(overrides: list[str], variant) -> int:
+    """The variant's step as a harness job, in this process so that its module constants hold: planned, captured,
+    timed and checked against fp32 as any `mode=fused` run is, and recorded (a run whose checks fail ends FAILED)."""
+    name, extra, constants = variant
+    for constant, value in {**DEFAULTS, **constants}.items():
+        setattr(fused_decode, constant, value)
+    print(f"verifying: {name}", flush=True)
+    return cli_main(["-m", "mode=fused", *overrides, *extra])  # Hydra's basic launcher: the job runs in this process
+
+
 def against_first(first: list[float], spans: list[float]) -> str:
     """The variant's median over the first's, with the 95% interval of a bootstrap over rounds that keeps each round's
     pair together (both timed back to back in it): what harness ab reports for its arms."""
@@ -378,4 +392,6 @@ if __name__ == "__main__":
     if args[:1] == ["--only"]:
         VARIANTS = [VARIANTS[int(i)] for i in args[1].split(",")]
         args = args[2:]
+    if args[:1] == ["--verify"]:
+        sys.exit(verify(args[2:], VARIANTS[int(args[1])]))
     main(args)

@@ -907,6 +907,34 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
     assert {"study", "big_tma"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
 
 
+def test_a_variant_verified_runs_as_a_harness_job_with_its_own_constants_and_no_other_variants(monkeypatch):
+    """benchmarks/fused_prefetch.py --verify: the job runs in this process with the variant's constants set, and every
+    other constant back at its default (a constant left from a variant set before would verify another step than the
+    one named), on the command line given, with the variant's own overrides."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    seen = {}
+
+    def job(argv):
+        seen.update(argv=argv, **{name: getattr(fused_decode, name) for name in fused_prefetch.DEFAULTS})
+        return 3
+
+    monkeypatch.setattr(fused_prefetch, "cli_main", job)
+    for name in fused_prefetch.DEFAULTS:
+        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
+    fused_decode.TMA_STAGES = 7  # as a variant set before would leave it
+    variant = fused_prefetch.SETS["big_tma"][6]
+    assert fused_prefetch.verify(["model=tiny", "bs=1"], variant) == 3  # the job's exit status
+    assert seen["argv"] == ["-m", "mode=fused", "model=tiny", "bs=1"]
+    assert seen["GATE_UP_TILE_COLUMNS"] == 32 and seen["TMA_KINDS"] == ("gate_up", "down", "lm_head")
+    assert seen["TMA_STAGES"] == fused_prefetch.DEFAULTS["TMA_STAGES"] != 7
+    tma_off = fused_prefetch.SETS["tma"][0]  # a variant with an override of its own
+    fused_prefetch.verify(["model=tiny"], tma_off)
+    assert seen["argv"] == ["-m", "mode=fused", "model=tiny", "fused.tma=false"]
+    assert seen["GATE_UP_TILE_COLUMNS"] == fused_prefetch.DEFAULTS["GATE_UP_TILE_COLUMNS"]
+
+
 def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_holds(monkeypatch):
     """benchmarks/fused_occupancy.py: a product's programs an SM are bounded by its registers (allocated a warp at a
     time, in units of 256), its threads and its shared memory; the plans are a GPU's (fused.slices for gate/up, down
