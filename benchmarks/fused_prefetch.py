@@ -262,7 +262,7 @@ WIDTH_VARIANTS = [("TMA from 4096 wide (the rule it was measured against)", [], 
 # warps (a thread holding 2K/128 values: 32 of a 2048-wide K, 16 of a 1024-wide), and each kernel letting the next
 # launch at its start, so that a chain of launched kernels holds the next products' weights while one runs
 AT_START = fused_decode.AT_START
-EVERY_SLICED = dict(SLICED_KINDS=EVERY)
+EVERY_SLICED = dict(SLICED_KINDS=EVERY, TMA_LARGE_FROM_HIDDEN=1 << 30)  # (as measured: before the large products' TMA)
 STUDY_BLOCKS = dict(EVERY_SLICED, SLICE_VALUES_A_THREAD=32, SLICE_VALUES_A_THREAD_NARROW=16,
                     SLICE_MORE_WARPS_FROM=1 << 30)
 STUDY_VARIANTS = [("the default (the rules)", [], {}),
@@ -288,7 +288,8 @@ def through_tma(kinds, **more) -> dict:
                 TMA_FROM_HIDDEN=0, **more)
 
 
-BIG_TMA_VARIANTS = [("the default (the rules: gate/up, down and lm_head sliced)", [], {}),
+NO_LARGE_TMA = dict(TMA_LARGE_FROM_HIDDEN=1 << 30)  # the rules before the large products' TMA (sliced at bs=1)
+BIG_TMA_VARIANTS = [("the rules before: gate/up, down and lm_head sliced at bs=1", [], NO_LARGE_TMA),
                     ("gate/up, down and lm_head as tiles through TMA (the stage rule)", [], through_tma(SLICES)),
                     ("gate/up as tiles through TMA", [], through_tma(["gate_up"])),
                     ("down as tiles through TMA", [], through_tma(["down"])),
@@ -297,7 +298,9 @@ BIG_TMA_VARIANTS = [("the default (the rules: gate/up, down and lm_head sliced)"
                      through_tma(SLICES, TMA_STAGES_OF=dict.fromkeys(SLICES, 4))),
                     ("gate/up, down and lm_head through TMA, gate/up in 32-column tiles (twice the programs)", [],
                      through_tma(SLICES, GATE_UP_TILE_COLUMNS=32)),
-                    ("gate/up, down and lm_head as tiles through registers", [], dict(SLICED_KINDS=()))]
+                    ("gate/up, down and lm_head as tiles through registers", [], dict(NO_LARGE_TMA, SLICED_KINDS=())),
+                    # measured, the rule (fused_decode.TMA_LARGE_FROM_HIDDEN): from 2048 wide, on TMA_LARGE_STAGES
+                    ("the rules (from 2048 wide, gate/up, down and lm_head through TMA, 4 stages)", [], {})]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -317,7 +320,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
-    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS")}
+    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

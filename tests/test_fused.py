@@ -953,6 +953,8 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     # them Triton cannot prove a 16-byte load aligned and reads the weights two bytes at a time)
     ones, aligned = occupancy.specialised({"rows": 1, "k_total": 2048, "n_total": 3, "prefetch_bytes": 0})
     assert ones == {"rows": 1} and aligned == [*occupancy.POINTERS, "k_total", "prefetch_bytes"]
+    # Llama-3.2-1B as the rules planned it before its large products streamed through TMA: sliced (the study's set)
+    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1 << 30)
     cfg = compose_single_run(["mode=fused", "model=llama-3.2-1b"])
     products = occupancy.step_products(cfg.model, 1, FusedOptions())
     assert occupancy.launch_sizes("gate_up", products["gate_up"], 1) == dict(
@@ -963,7 +965,8 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
               "from harness.cli.precheck import compose_single_run; from harness.kernels.fused_decode import "
-              "FusedOptions; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
+              "FusedOptions; import harness.kernels.fused_decode as d; "
+              "d.TMA_LARGE_FROM_HIDDEN = 1 << 30; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
               "p = o.step_products(cfg.model, 1, FusedOptions()); print(json.dumps(o.occupancy_rows("
               "{'down': p['down']}, 1)))")
     printed = compiled_for_the_gpu(script)
@@ -987,20 +990,33 @@ def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_comp
     big = {"gate_up", "down", "lm_head"}
     streamed_and_sliced = [(set(), big), (big, set()), ({"gate_up"}, {"down", "lm_head"}),
                            ({"down"}, {"gate_up", "lm_head"}), ({"lm_head"}, {"gate_up", "down"}), (big, set()),
-                           (big, set()), (set(), set())]
+                           (big, set()), (set(), set()), (set(), big)]  # the last, the rules: 1024 wide, sliced
     cfg = compose_single_run(["mode=fused", "model=qwen3-0.6b"])
     variants = fused_prefetch.SETS["big_tma"]
     assert len(variants) == len(streamed_and_sliced)
-    for (name, _, constants), (streamed, sliced) in zip(variants, streamed_and_sliced):
+
+    def planned(model, constants):
         for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
             monkeypatch.setattr(fused_decode, constant, value)
-        products = occupancy.step_products(cfg.model, 1, FusedOptions())
+        return occupancy.step_products(model, 1, FusedOptions())
+
+    for (name, _, constants), (streamed, sliced) in zip(variants, streamed_and_sliced):
+        products = planned(cfg.model, constants)
         assert {kind for kind, p in products.items() if p.descriptor is not None} == streamed, name
         assert {kind for kind, p in products.items() if p.choice.slices} == sliced, name
         assert {p.stages for p in products.values() if p.descriptor is not None} <= ({4} if "4 stages" in name
                                                                                       else {3}), name
         # gate/up never splits: 96 programs of 64 columns (Qwen3-0.6B's 6144), twice as many of 32
         assert products["gate_up"].grid[0] == (192 if "32-column" in name else 96) or "gate_up" in sliced, name
+    # In a model 2048 wide the rules stream the large products through TMA on four stages, as the set's fastest
+    # variant on Llama-3.2-1B did, and leave QKV and O as tiles through registers; the rules before sliced them
+    llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
+    for constants in (variants[-1][2], variants[5][2]):
+        products = planned(llama, constants)
+        assert {kind: p.stages for kind, p in products.items() if p.descriptor is not None} == dict.fromkeys(big, 4)
+        assert not any(p.choice.slices for p in products.values())
+    assert {kind for kind, p in planned(llama, variants[0][2]).items() if p.choice.slices} == big
+    assert not any(p.descriptor for p in planned(llama, variants[7][2]).values())  # tiles through registers
     # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o, fused_prefetch as f; "
               "from harness.cli.precheck import compose_single_run; from harness.kernels import fused_decode as d; "

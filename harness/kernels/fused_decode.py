@@ -280,6 +280,15 @@ INTERPRETED_MLP_COLUMNS, INTERPRETED_MLP_BLOCK = 16, 16
 # TMA_KINDS (every kind: PRODUCT_KINDS, below) and TMA_STAGES_OF (a kind's own stages) are for the benchmarks'
 # variants.
 TMA_FROM_HIDDEN = 2560
+# From TMA_LARGE_FROM_HIDDEN wide, a model's large products (TMA_LARGE_KINDS, which the rules would slice at bs=1) stream
+# their tiles through TMA too, on TMA_LARGE_STAGES: paired on one H200 (GPU-3354d55b, 2026-12-05; docs/benchmarks.md,
+# "the small models' large products as tiles through TMA"), Llama-3.2-1B's step at the study's workload took 6.3% less
+# with gate/up, down and lm_head so (4.3% of it gate/up's: 256 programs of 16 tiles each, where its slices ran four
+# waves of 2048), three stages 5.9%; through registers the same tiles were 1.2% slower than the slices. Qwen3-0.6B
+# (1024 wide: gate/up 96 programs, down two tiles a program, nothing for the pipeliner to overlap) took 5.3% more
+TMA_LARGE_KINDS = ("gate_up", "down", "lm_head")
+TMA_LARGE_FROM_HIDDEN = 2048
+TMA_LARGE_STAGES = 4
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
@@ -1402,7 +1411,8 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
     """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) at `rows` batch rows of a model of `hidden`
     size: fused.slices for SLICED_KINDS where the rows are few enough and the model SLICE_MAX_HIDDEN wide at most, on a
     GPU (in Triton's interpreter, whose cost is per program, tiles)."""
-    slices = kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows)
+    slices = (kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and not large_through_tma(kind, hidden, options)
+              and slices_apply(options, rows))
     warps = rule_warps(kind, n, k, options, rows, hidden, slices)
     if slices:
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
@@ -1447,11 +1457,20 @@ def streamed(product: Product, options: FusedOptions, hidden: int) -> Product:
     `hidden` size TMA_FROM_HIDDEN wide or wider): [bn, bk] boxes of the packed weight viewed as [tiles * bn, bk], or
     of the row-major weight."""
     sixteen_bits = product.weight.element_size() == 2 or interpreted()  # (on a GPU measured in bf16 only)
-    if not (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS and sixteen_bits):
+    large = large_through_tma(product.kind, hidden, options)
+    if not (options.tma and (hidden >= TMA_FROM_HIDDEN or large) and product.kind in TMA_KINDS and sixteen_bits):
         return product
     rows = product.weight.view(-1, product.bk) if product.packed else product.weight
+    stages = TMA_LARGE_STAGES if large else tma_stages(product)
     return replace(product, descriptor=TensorDescriptor.from_tensor(rows, [product.bn, product.bk]),
-                   stages=TMA_STAGES_OF.get(product.kind, tma_stages(product)))
+                   stages=TMA_STAGES_OF.get(product.kind, stages))
+
+
+def large_through_tma(kind: str, hidden: int, options: FusedOptions) -> bool:
+    """Whether a product of `kind` streams through TMA by the large products' rule alone (TMA_LARGE_KINDS in a model
+    between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide), and so runs as tiles where the rules would slice it."""
+    return (options.tma and kind in TMA_LARGE_KINDS and kind in TMA_KINDS
+            and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
 
 
 def tma_stages(product: Product) -> int:
