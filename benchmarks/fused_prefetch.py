@@ -25,6 +25,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set width model=qwen3-4b  # a model between the rules' widths
     python benchmarks/fused_prefetch.py --set study model=...       # the public study's blocks and early launch
     python benchmarks/fused_prefetch.py --set big_tma model=...     # gate/up, down, lm_head as tiles through TMA
+    python benchmarks/fused_prefetch.py --set large_stages model=...  # their tiles in flight through TMA (2048 wide)
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -301,6 +302,12 @@ BIG_TMA_VARIANTS = [("the rules before: gate/up, down and lm_head sliced at bs=1
                     ("gate/up, down and lm_head as tiles through registers", [], dict(NO_LARGE_TMA, SLICED_KINDS=())),
                     # measured, the rule (fused_decode.TMA_LARGE_FROM_HIDDEN): from 2048 wide, on TMA_LARGE_STAGES
                     ("the rules (from 2048 wide, gate/up, down and lm_head through TMA, 4 stages)", [], {})]
+# `--set large_stages`: the large products' tiles in flight a program through TMA in a model 2048 wide (the rule:
+# TMA_LARGE_STAGES), against the rules before (sliced at bs=1); a program of 64 x 128 tiles holds 16 KB of shared memory
+# a stage, so that from six stages two programs share an SM (Llama-3.2-1B's gate/up and down: 256 programs)
+LARGE_STAGES_VARIANTS = [("the rules (4 stages)", [], {})] + [
+    (f"{n} stages", [], dict(TMA_LARGE_STAGES=n)) for n in (3, 5, 6, 8)] + [
+    ("the rules before: gate/up, down and lm_head sliced at bs=1", [], NO_LARGE_TMA)]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -308,7 +315,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
         "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
-        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS}
+        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
+        "large_stages": LARGE_STAGES_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
