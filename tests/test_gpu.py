@@ -245,6 +245,25 @@ def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatc
     assert off.failure is None and "TMA" not in off.mode_tags["fused_plan"] and "tma=off" in off.mode_tags["fused"]
 
 
+def test_the_large_products_through_tma_where_the_rules_sliced_them_decode_within_fp32_fidelity(monkeypatch):
+    """The large products' rule (TMA_LARGE_FROM_HIDDEN, 2048 wide, brought down to Qwen3-0.6B's 1024) on the H200 at
+    bs=1: gate/up, down and lm_head as tiles through TMA on TMA_LARGE_STAGES, QKV and O tiles through registers,
+    nothing sliced; captured with PDL and verified against fp32; a wrong RoPE position inside a kernel of such a step
+    still fails the run."""
+    from harness.kernels import fused_decode
+
+    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1024)
+    result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
+    assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+    plan = result.mode_tags["fused_plan"]
+    assert plan.count(f", TMA {fused_decode.TMA_LARGE_STAGES} stages") == plan.count(", TMA ") == 3, plan
+    assert "slices" not in plan and plan.count("tiles") == 5, plan
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_rope_off_by_one")  # as the fault test below runs it
+    faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
+    assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
+    assert faulty.mode_tags["fused_plan"].count(", TMA ") == 3  # (the rule holds at any batch)
+
+
 def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch):
     """The attention in the QKV product's tail (ATTENTION_IN_QKV_MAX_ROWS, off by default) on the H200: each KV head's
     attention computed by the QKV program counted last for it (counts released and acquired across SMs, each thread
