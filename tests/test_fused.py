@@ -596,7 +596,8 @@ def test_a_model_1024_wide_slices_128_values_a_thread_and_a_wider_one_64(monkeyp
     """The slice rule as paired on four H200s: at one row, in a model 1024 wide (Qwen3-0.6B) each thread holds 128 of
     a slice's values, twice the rows a program of 64 would take; in one 2048 wide (Llama-3.2-1B) 64, its gate/up
     still sliced on eight warps (as tiles it was 0.8% faster at context 32 on two H200s, but 0.4% slower at context
-    1024 and 5-6% slower on Qwen3-1.7B)."""
+    1024 and 5-6% slower on Qwen3-1.7B). (fp32 weights here: 16-bit ones of a model 2048 wide stream through TMA
+    as tiles, the large products' rule, test_fused_tune.)"""
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
     wide, narrow = torch.zeros(8192, 2048), torch.zeros(3072, 1024)
     sliced = fused_decode.plan_swiglu(narrow, narrow, FusedOptions(), 1, 1024)

@@ -67,13 +67,21 @@ def test_the_rules_warps_a_program_by_layout_k_and_rows(monkeypatch):
     def rules(n, k, kind, rows=1, hidden=2048, options=FusedOptions()):
         return fused_decode.default_choice(n, k, options, rows, hidden, kind)
 
-    # Llama-3.2-1B at bs=1: gate/up and lm_head unsplit (K 2048) on eight, down split (K 8192) on four, QKV tiles
-    assert rules(16384, 2048, "gate_up") == PlanChoice(2, True, 8, slices=True)
-    assert rules(128256, 2048, "lm_head") == PlanChoice(2, True, 8, slices=True)
-    assert rules(2048, 8192, "down") == PlanChoice(2, True, 4, slices=True)
+    # Llama-3.2-1B at bs=1, its large products sliced (fused.tma off: with it, they stream through TMA as tiles):
+    # gate/up and lm_head unsplit (K 2048) on eight, down split (K 8192) on four, QKV tiles
+    no_tma = FusedOptions(tma=False)
+    assert rules(16384, 2048, "gate_up", options=no_tma) == PlanChoice(2, True, 8, slices=True)
+    assert rules(128256, 2048, "lm_head", options=no_tma) == PlanChoice(2, True, 8, slices=True)
+    assert rules(2048, 8192, "down", options=no_tma) == PlanChoice(2, True, 4, slices=True)
     assert rules(3072, 2048, "qkv") == PlanChoice(2, True, 8)
     # with fused.split_k off, down's K stays whole: eight
-    assert rules(2048, 8192, "down", options=FusedOptions(split_k=False)) == PlanChoice(2, True, 8, slices=True)
+    assert rules(2048, 8192, "down", options=FusedOptions(split_k=False, tma=False)) == PlanChoice(2, True, 8,
+                                                                                               slices=True)
+    # the large products' rule: 16-bit weights of a model 2048 wide stream through TMA as tiles on eight warps; 32-bit
+    # ones (which fused.tma does not stream) stay sliced
+    assert [rules(n, k, kind) for n, k, kind in ((16384, 2048, "gate_up"), (2048, 8192, "down"))] == [
+        PlanChoice(2, True, 8)] * 2
+    assert fused_decode.default_choice(2048, 8192, FusedOptions(), 1, 2048, "down", 4).slices
     # Qwen3-0.6B (1024 wide): a K of 1024 is short of 2048, four
     assert rules(6144, 1024, "gate_up", hidden=1024) == PlanChoice(2, True, 4, slices=True)
     # Qwen3-8B: tiles (no product of a model 4096 wide is sliced), on four from 32 rows

@@ -1407,12 +1407,14 @@ class PlanChoice:
                 + " prefetch" * self.prefetch)
 
 
-def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int, kind: str = "") -> PlanChoice:
-    """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) at `rows` batch rows of a model of `hidden`
-    size: fused.slices for SLICED_KINDS where the rows are few enough and the model SLICE_MAX_HIDDEN wide at most, on a
-    GPU (in Triton's interpreter, whose cost is per program, tiles)."""
-    slices = (kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and not large_through_tma(kind, hidden, options)
-              and slices_apply(options, rows))
+def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int, kind: str = "",
+                   element_size: int = 2) -> PlanChoice:
+    """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) with weights of `element_size` bytes at `rows`
+    batch rows of a model of `hidden` size: fused.slices for SLICED_KINDS where the rows are few enough and the model
+    SLICE_MAX_HIDDEN wide at most, on a GPU (in Triton's interpreter, whose cost is per program, tiles), unless the
+    large products' rule streams the kind through TMA."""
+    slices = (kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows)
+              and not large_through_tma(kind, hidden, options, element_size))
     warps = rule_warps(kind, n, k, options, rows, hidden, slices)
     if slices:
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
@@ -1440,7 +1442,7 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     """How to run x @ weight.T for `rows` batch rows of a model of `hidden` size (as `choice` says, else by the
     rules), and the weight as the kernel reads it."""
     n, k = weight.shape
-    choice = choice or default_choice(n, k, options, rows, hidden, kind)
+    choice = choice or default_choice(n, k, options, rows, hidden, kind, weight.element_size())
     if choice.slices:
         bn, bk, splits = slice_layout(n, k, options.split_k and splittable, choice.warps, hidden)
         return Product(weight.contiguous(), n, k, bn, bk, splits, False, False, choice.warps, 0, choice, kind)
@@ -1456,9 +1458,10 @@ def streamed(product: Product, options: FusedOptions, hidden: int) -> Product:
     """`product` with a TMA descriptor of its weight where fused.tma applies (16-bit tiles of TMA_KINDS in a model of
     `hidden` size TMA_FROM_HIDDEN wide or wider): [bn, bk] boxes of the packed weight viewed as [tiles * bn, bk], or
     of the row-major weight."""
-    sixteen_bits = product.weight.element_size() == 2 or interpreted()  # (on a GPU measured in bf16 only)
-    large = large_through_tma(product.kind, hidden, options)
-    if not (options.tma and (hidden >= TMA_FROM_HIDDEN or large) and product.kind in TMA_KINDS and sixteen_bits):
+    element_size = product.weight.element_size()
+    large = large_through_tma(product.kind, hidden, options, element_size)
+    if not (options.tma and (hidden >= TMA_FROM_HIDDEN or large) and product.kind in TMA_KINDS
+            and tma_element_size(element_size)):
         return product
     rows = product.weight.view(-1, product.bk) if product.packed else product.weight
     stages = TMA_LARGE_STAGES if large else tma_stages(product)
@@ -1466,10 +1469,17 @@ def streamed(product: Product, options: FusedOptions, hidden: int) -> Product:
                    stages=TMA_STAGES_OF.get(product.kind, stages))
 
 
-def large_through_tma(kind: str, hidden: int, options: FusedOptions) -> bool:
-    """Whether a product of `kind` streams through TMA by the large products' rule alone (TMA_LARGE_KINDS in a model
-    between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide), and so runs as tiles where the rules would slice it."""
-    return (options.tma and kind in TMA_LARGE_KINDS and kind in TMA_KINDS
+def tma_element_size(element_size: int) -> bool:
+    """Whether fused.tma streams weights of `element_size` bytes: 16-bit ones, as measured on a GPU (any, in Triton's
+    interpreter)."""
+    return element_size == 2 or interpreted()
+
+
+def large_through_tma(kind: str, hidden: int, options: FusedOptions, element_size: int) -> bool:
+    """Whether a product of `kind` with weights of `element_size` bytes streams through TMA by the large products'
+    rule alone (TMA_LARGE_KINDS in a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide), and so runs as
+    tiles where the rules would slice it."""
+    return (options.tma and kind in TMA_LARGE_KINDS and kind in TMA_KINDS and tma_element_size(element_size)
             and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
 
 
@@ -1487,7 +1497,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     """gate and up as one product whose every BN columns are half gate, half up (never split: SiLU needs whole sums),
     for `rows` batch rows of a model of `hidden` size."""
     both, k = 2 * gate.shape[0], gate.shape[1]
-    choice = choice or default_choice(both, k, options, rows, hidden, "gate_up")
+    choice = choice or default_choice(both, k, options, rows, hidden, "gate_up", gate.element_size())
     bn, bk, _ = slice_layout(both, k, False, choice.warps, hidden) if choice.slices else tile_sizes(both, k)
     if not choice.slices and GATE_UP_TILE_COLUMNS:
         bn = GATE_UP_TILE_COLUMNS
