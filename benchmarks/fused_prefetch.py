@@ -307,7 +307,9 @@ BIG_TMA_VARIANTS = [("the rules before: gate/up, down and lm_head sliced at bs=1
 # a stage, so that from six stages two programs share an SM (Llama-3.2-1B's gate/up and down: 256 programs)
 LARGE_STAGES_VARIANTS = [("the rules (4 stages)", [], {})] + [
     (f"{n} stages", [], dict(TMA_LARGE_STAGES=n)) for n in (3, 5, 6, 8)] + [
-    ("the rules before: gate/up, down and lm_head sliced at bs=1", [], NO_LARGE_TMA)]
+    ("the rules before: gate/up, down and lm_head sliced at bs=1", [], NO_LARGE_TMA),
+    ("the rule at every batch size (from two rows, where they were tiles through registers)", [],
+     dict(TMA_LARGE_MAX_ROWS=1 << 30))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -328,7 +330,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
-    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES")}
+    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
+    "TMA_LARGE_MAX_ROWS")}
 
 
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):

@@ -286,9 +286,12 @@ TMA_FROM_HIDDEN = 2560
 # with gate/up, down and lm_head so (4.3% of it gate/up's: 256 programs of 16 tiles each, where its slices ran four
 # waves of 2048), three stages 5.9%; through registers the same tiles were 1.2% slower than the slices. Qwen3-0.6B
 # (1024 wide: gate/up 96 programs, down two tiles a program, nothing for the pipeliner to overlap) took 5.3% more
+# It holds at TMA_LARGE_MAX_ROWS rows, where it was measured and where the rules sliced those products; from two rows,
+# where they run as tiles through registers, it was not measured (2026-12-05: no GPU came for the pairs at bs 8 and 32)
 TMA_LARGE_KINDS = ("gate_up", "down", "lm_head")
 TMA_LARGE_FROM_HIDDEN = 2048
 TMA_LARGE_STAGES = 4
+TMA_LARGE_MAX_ROWS = 1
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
@@ -1414,7 +1417,7 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
     SLICE_MAX_HIDDEN wide at most, on a GPU (in Triton's interpreter, whose cost is per program, tiles), unless the
     large products' rule streams the kind through TMA."""
     slices = (kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows)
-              and not large_through_tma(kind, hidden, options, element_size))
+              and not large_through_tma(kind, hidden, options, element_size, rows))
     warps = rule_warps(kind, n, k, options, rows, hidden, slices)
     if slices:
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
@@ -1451,15 +1454,15 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
     return streamed(Product(pack(weight, bn, bk) if choice.packed else weight.contiguous(), n, k, bn, bk, splits,
                             not interpreted(), choice.packed, choice.warps,  # (the interpreter: bf16 tl.dot wrong)
                             prefetch_bytes(n, k, bn, bk, splits, weight.element_size(), choice), choice, kind),
-                    options, hidden)
+                    options, hidden, rows)
 
 
-def streamed(product: Product, options: FusedOptions, hidden: int) -> Product:
+def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) -> Product:
     """`product` with a TMA descriptor of its weight where fused.tma applies (16-bit tiles of TMA_KINDS in a model of
-    `hidden` size TMA_FROM_HIDDEN wide or wider): [bn, bk] boxes of the packed weight viewed as [tiles * bn, bk], or
-    of the row-major weight."""
+    `hidden` size TMA_FROM_HIDDEN wide or wider, or by the large products' rule at `rows` batch rows): [bn, bk] boxes
+    of the packed weight viewed as [tiles * bn, bk], or of the row-major weight."""
     element_size = product.weight.element_size()
-    large = large_through_tma(product.kind, hidden, options, element_size)
+    large = large_through_tma(product.kind, hidden, options, element_size, rows)
     if not (options.tma and (hidden >= TMA_FROM_HIDDEN or large) and product.kind in TMA_KINDS
             and tma_element_size(element_size)):
         return product
@@ -1475,12 +1478,12 @@ def tma_element_size(element_size: int) -> bool:
     return element_size == 2 or interpreted()
 
 
-def large_through_tma(kind: str, hidden: int, options: FusedOptions, element_size: int) -> bool:
-    """Whether a product of `kind` with weights of `element_size` bytes streams through TMA by the large products'
-    rule alone (TMA_LARGE_KINDS in a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide), and so runs as
-    tiles where the rules would slice it."""
+def large_through_tma(kind: str, hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
+    """Whether a product of `kind` with weights of `element_size` bytes at `rows` batch rows streams through TMA by the
+    large products' rule alone (TMA_LARGE_KINDS, TMA_LARGE_MAX_ROWS rows at most, in a model between
+    TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide), and so runs as tiles where the rules would slice it."""
     return (options.tma and kind in TMA_LARGE_KINDS and kind in TMA_KINDS and tma_element_size(element_size)
-            and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
+            and rows <= TMA_LARGE_MAX_ROWS and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
 
 
 def tma_stages(product: Product) -> int:
@@ -1507,7 +1510,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
         return Product(paired, n, k, bn, bk, 1, False, False, choice.warps, 0, choice, "gate_up")
     return streamed(Product(pack(paired, bn, bk) if choice.packed else paired, n, k, bn, bk, 1, not interpreted(),
                             choice.packed, choice.warps, prefetch_bytes(n, k, bn, bk, 1, paired.element_size(), choice),
-                            choice, "gate_up"), options, hidden)
+                            choice, "gate_up"), options, hidden, rows)
 
 
 # Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two
