@@ -285,7 +285,7 @@ TMA_FROM_HIDDEN = 2560
 # "the small models' large products as tiles through TMA"), Llama-3.2-1B's step at the study's workload took 6.3% less
 # with gate/up, down and lm_head so (4.3% of it gate/up's: 256 programs of 16 tiles each, where its slices ran four
 # waves of 2048), three stages 5.9%; through registers the same tiles were 1.2% slower than the slices. Qwen3-0.6B
-# (1024 wide: gate/up 96 programs, down two tiles a program, nothing for the pipeliner to overlap) took 5.3% more
+# (1024 wide: gate/up 96 programs, down two tiles a program, nothing for the pipeliner to overlap) took 5.3% more.
 # It holds at TMA_LARGE_MAX_ROWS rows, where it was measured and where the rules sliced those products; from two rows,
 # where they run as tiles through registers, it was not measured (2026-12-05: no GPU came for the pairs at bs 8 and 32)
 TMA_LARGE_KINDS = ("gate_up", "down", "lm_head")
@@ -1466,9 +1466,9 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
     if not (options.tma and (hidden >= TMA_FROM_HIDDEN or large) and product.kind in TMA_KINDS
             and tma_element_size(element_size)):
         return product
-    rows = product.weight.view(-1, product.bk) if product.packed else product.weight
+    boxed = product.weight.view(-1, product.bk) if product.packed else product.weight
     stages = TMA_LARGE_STAGES if large else tma_stages(product)
-    return replace(product, descriptor=TensorDescriptor.from_tensor(rows, [product.bn, product.bk]),
+    return replace(product, descriptor=TensorDescriptor.from_tensor(boxed, [product.bn, product.bk]),
                    stages=TMA_STAGES_OF.get(product.kind, stages))
 
 
