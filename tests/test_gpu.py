@@ -259,10 +259,9 @@ def test_the_large_products_through_tma_where_the_rules_sliced_them_decode_withi
     assert plan.count(f", TMA {fused_decode.TMA_LARGE_STAGES} stages") == plan.count(", TMA ") == 3, plan
     assert "slices" not in plan and plan.count("tiles") == 5, plan
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_rope_off_by_one")  # as the fault test below runs it
-    monkeypatch.setattr(fused_decode, "TMA_LARGE_MAX_ROWS", 2)  # the rule brought up to its two rows
     faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
     assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
-    assert faulty.mode_tags["fused_plan"].count(", TMA ") == 3
+    assert faulty.mode_tags["fused_plan"].count(", TMA ") == 3  # (the rule holds at any batch)
 
 
 def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch):

@@ -286,12 +286,14 @@ TMA_FROM_HIDDEN = 2560
 # with gate/up, down and lm_head so (4.3% of it gate/up's: 256 programs of 16 tiles each, where its slices ran four
 # waves of 2048), three stages 5.9%; through registers the same tiles were 1.2% slower than the slices. Qwen3-0.6B
 # (1024 wide: gate/up 96 programs, down two tiles a program, nothing for the pipeliner to overlap) took 5.3% more.
-# It holds at TMA_LARGE_MAX_ROWS rows, where it was measured and where the rules sliced those products; from two rows,
-# where they run as tiles through registers, it was not measured (2026-12-05: no GPU came for the pairs at bs 8 and 32)
+# Paired on a second H200 (GPU-4e4bab28, 2026-12-05): Llama-3.2-1B 5.7% faster at the study's workload (three stages
+# within 0.2% of four, five to eight 13-22% slower), Qwen3-1.7B (2048 wide, gate/up 192 programs) 2.2% faster at bs=1;
+# and at bs 8 and 32, where these products ran as tiles through registers, Llama-3.2-1B 7.3% and 3.0% faster. So it
+# holds at every batch (TMA_LARGE_MAX_ROWS, for the benchmarks' variants)
 TMA_LARGE_KINDS = ("gate_up", "down", "lm_head")
 TMA_LARGE_FROM_HIDDEN = 2048
 TMA_LARGE_STAGES = 4
-TMA_LARGE_MAX_ROWS = 1
+TMA_LARGE_MAX_ROWS = 1 << 30
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
