@@ -303,8 +303,8 @@ BIG_TMA_VARIANTS = [("the rules before: gate/up, down and lm_head sliced at bs=1
                     # measured, the rule (fused_decode.TMA_LARGE_FROM_HIDDEN): from 2048 wide, on TMA_LARGE_STAGES
                     ("the rules (from 2048 wide, gate/up, down and lm_head through TMA, 4 stages)", [], {})]
 # `--set large_stages`: the large products' tiles in flight a program through TMA in a model 2048 wide (the rule:
-# TMA_LARGE_STAGES), against the rules before (sliced at bs=1); a program of 64 x 128 tiles holds 16 KB of shared memory
-# a stage, so that from six stages two programs share an SM (Llama-3.2-1B's gate/up and down: 256 programs)
+# TMA_LARGE_STAGES), against the rules before (sliced at bs=1); each stage is a 64 x 128 tile, 16 KB of shared memory
+# (Llama-3.2-1B's gate/up: 69 KB at three stages, three programs an SM; 93 KB at four, two; fused_occupancy.py)
 LARGE_STAGES_VARIANTS = [("the rules (4 stages)", [], {})] + [
     (f"{n} stages", [], dict(TMA_LARGE_STAGES=n)) for n in (3, 5, 6, 8)] + [
     ("the rules before: gate/up, down and lm_head sliced at bs=1", [], NO_LARGE_TMA),
