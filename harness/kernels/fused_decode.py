@@ -280,7 +280,7 @@ INTERPRETED_MLP_COLUMNS, INTERPRETED_MLP_BLOCK = 16, 16
 # TMA_KINDS (every kind: PRODUCT_KINDS, below) and TMA_STAGES_OF (a kind's own stages) are for the benchmarks'
 # variants.
 TMA_FROM_HIDDEN = 2560
-# From TMA_LARGE_FROM_HIDDEN wide, a model's large products (TMA_LARGE_KINDS, which the other rules slice at bs=1) stream
+# From TMA_LARGE_FROM_HIDDEN wide, a model's large products (TMA_LARGE_KINDS, sliced by the other rules at bs=1) stream
 # their tiles through TMA too, on TMA_LARGE_STAGES: paired on one H200 (GPU-3354d55b, 2026-12-05; docs/benchmarks.md,
 # "the small models' large products as tiles through TMA"), Llama-3.2-1B's step at the study's workload took 6.3% less
 # with gate/up, down and lm_head so (4.3% of it gate/up's: 256 programs of 16 tiles each, where its slices ran four
