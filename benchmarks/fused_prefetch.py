@@ -334,11 +334,16 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_LARGE_MAX_ROWS")}
 
 
+def set_constants(constants: dict) -> None:
+    """fused_decode's module constants as a variant has them: its own, and every other at its default."""
+    for name, value in {**DEFAULTS, **constants}.items():
+        setattr(fused_decode, name, value)
+
+
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):
     """A captured fused stepper planned and launched with the variant's module constants (the others at their
     defaults)."""
-    for name, value in {**DEFAULTS, **constants}.items():
-        setattr(fused_decode, name, value)
+    set_constants(constants)
     cfg = compose_single_run(["mode=fused", *overrides, *extra])
     stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
     stepper.restart(prompt)
@@ -383,8 +388,7 @@ def verify(overrides: list[str], variant) -> int:
     """The variant's step as a harness job, in this process so that its module constants hold: planned, captured,
     timed and checked against fp32 as any `mode=fused` run is, and recorded (a run whose checks fail ends FAILED)."""
     name, extra, constants = variant
-    for constant, value in {**DEFAULTS, **constants}.items():
-        setattr(fused_decode, constant, value)
+    set_constants(constants)
     print(f"verifying: {name}", flush=True)
     return cli_main(["-m", "mode=fused", *overrides, *extra])  # Hydra's basic launcher: the job runs in this process
 

@@ -1,7 +1,6 @@
 """The context axis on CPU: the attention backends, the valid-prefix kernels, the chunked prefill."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F

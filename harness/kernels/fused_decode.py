@@ -1465,8 +1465,9 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
     of the packed weight viewed as [tiles * bn, bk], or of the row-major weight."""
     element_size = product.weight.element_size()
     large = large_through_tma(product.kind, hidden, options, element_size, rows)
-    if not (options.tma and (hidden >= TMA_FROM_HIDDEN or large) and product.kind in TMA_KINDS
-            and tma_element_size(element_size)):
+    wide = (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS
+            and tma_element_size(element_size))
+    if not (wide or large):
         return product
     boxed = product.weight.view(-1, product.bk) if product.packed else product.weight
     stages = TMA_LARGE_STAGES if large else tma_stages(product)
