@@ -109,7 +109,7 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
         constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile)
     else:  # the descriptor's type names its tile: what the JIT would take from the descriptor itself
         kernel = fused_decode._matvec_tma
-        constants.update(STAGES=product.stages)
+        constants.update(STAGES=product.stages, FIRST=fused_decode.TMA_FIRST_BEFORE_WAIT)
         types["Wdesc"] = mangle_type(product.descriptor)
     sizes = {name: value for name, value in launch_sizes(kind, product, rows).items() if name in kernel.arg_names}
     ones, aligned = specialised(sizes)

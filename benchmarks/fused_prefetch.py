@@ -26,6 +26,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set study model=...       # the public study's blocks and early launch
     python benchmarks/fused_prefetch.py --set big_tma model=...     # gate/up, down, lm_head as tiles through TMA
     python benchmarks/fused_prefetch.py --set large_stages model=...  # their tiles in flight through TMA (2048 wide)
+    python benchmarks/fused_prefetch.py --set tma_first model=...   # what a TMA program copies before its PDL wait
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -310,6 +311,24 @@ LARGE_STAGES_VARIANTS = [("the rules (4 stages)", [], {})] + [
     ("the rules before: gate/up, down and lm_head sliced at bs=1", [], NO_LARGE_TMA),
     # (first committed at one row; paired on GPU-4e4bab28 as the other way round, at every batch size against it)
     ("the rule at one batch row (from two rows, the tiles through registers)", [], dict(TMA_LARGE_MAX_ROWS=1))]
+# `--set tma_first`: what a TMA program copies before its PDL wait. The pipeliner's copies start after the wait (with
+# the input's, which the kernel before writes), where `_matvec` loads its first tile into registers before it; and a
+# persistent chain measured its barriers 18% cheaper than PDL's launches only with the next rows loaded before each
+# (benchmarks/persistent_chain.py, GPU-3354d55b). So: the split's first tile copied before the wait
+# (TMA_FIRST_BEFORE_WAIT), its first tiles asked of L2 there (fused.prefetch), both; QKV and O through TMA too; and
+# the large products letting the next kernel launch at their wait, its first tile then in flight before its own
+FIRST_BEFORE_WAIT = dict(TMA_FIRST_BEFORE_WAIT=True)
+EVERY_THROUGH_TMA = dict(TMA_LARGE_KINDS=EVERY)
+TMA_FIRST_VARIANTS = [("the rules", [], {}),
+                      ("the first tile copied before the PDL wait", [], FIRST_BEFORE_WAIT),
+                      ("the first tiles asked of L2 before the wait", ["fused.prefetch=true"], {}),
+                      ("the first tile copied and the next asked of L2 before the wait", ["fused.prefetch=true"],
+                       FIRST_BEFORE_WAIT),
+                      ("QKV and O through TMA too (4 stages)", [], EVERY_THROUGH_TMA),
+                      ("QKV and O through TMA too, the first tile before the wait", [],
+                       dict(EVERY_THROUGH_TMA, **FIRST_BEFORE_WAIT)),
+                      ("the first tile before the wait, the large products launching the next at their wait", [],
+                       dict(FIRST_BEFORE_WAIT, **launch_at(fused_decode.TMA_LARGE_KINDS, AT_WAIT)))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -318,7 +337,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
-        "large_stages": LARGE_STAGES_VARIANTS}
+        "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -331,7 +350,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
     "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
-    "TMA_LARGE_MAX_ROWS")}
+    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT")}
 
 
 def set_constants(constants: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from unittest import mock
 
 import pytest
@@ -251,15 +252,19 @@ def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
     decode_like_eager(eager, run, decoder, 3)
 
 
-@pytest.mark.parametrize("packed, gate_up_columns", [(True, 0), (False, 0), (True, 16)],
-                         ids=["packed", "row-major", "gate-up-narrow"])
-def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, gate_up_columns, monkeypatch):
+@pytest.mark.parametrize("packed, gate_up_columns, first", [(True, 0, False), (False, 0, False), (True, 16, False),
+                                                            (True, 0, True), (False, 0, True)],
+                         ids=["packed", "row-major", "gate-up-narrow", "packed-first", "row-major-first"])
+def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, gate_up_columns, first, monkeypatch):
     """Every kind of product through `_matvec_tma` (TMA_KINDS; in the interpreter a descriptor reads the same boxes
     the copy engine would), over splits of several tiles each, packed tiles or row-major rows whose last block passes
-    the weight's edge, and gate/up in tiles of GATE_UP_TILE_COLUMNS (8 of gate's, 8 of up's) where given: the same
-    logits and cache as eager's, step after step."""
+    the weight's edge, gate/up in tiles of GATE_UP_TILE_COLUMNS (8 of gate's, 8 of up's) where given, and each split's
+    first tile copied before the PDL wait where `first` (TMA_FIRST_BEFORE_WAIT: that tile outside the pipelined loop,
+    which a loop still starting at the split's first column would add twice): the same logits and cache as eager's,
+    step after step."""
     monkeypatch.setattr(fused_decode, "TMA_FROM_HIDDEN", 64)  # tiny's hidden size: the rule applies
     monkeypatch.setattr(fused_decode, "GATE_UP_TILE_COLUMNS", gate_up_columns)
+    monkeypatch.setattr(fused_decode, "TMA_FIRST_BEFORE_WAIT", first)
     monkeypatch.setattr(fused_decode, "INTERPRETED_BK", 16)  # tiny's hidden 64: 4 tiles of K, 2 a split
     monkeypatch.setattr(fused_decode, "MAX_SPLITS", 2)
     launched = []
@@ -851,20 +856,23 @@ for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's and Qwen3-0.6B's heads
           and ".maxnreg 64" in ptx)
 # fused.tma: the weight tiles copied by the tensor memory accelerator into shared memory after the PDL wait (with the
 # input the kernel before wrote), read there by Hopper's wgmma (`_matvec`'s pass through registers and ldmatrix);
-# the first tiles asked of L2 before the wait where PREFETCH; packed (gate/up: SwiGLU) and row-major (down: adds)
+# the first tiles asked of L2 before the wait where PREFETCH; packed (gate/up: SwiGLU) and row-major (down: adds);
+# where FIRST, the split's first tile copied before the wait, the pipeliner's copies after it
 from harness.kernels.fused_decode import _matvec_tma
-for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, Out="*bf16"),
-                dict(NORM=False, OUTPUT=3, SPLITS=8, PACKED=False, PREFETCH=False, Out="*fp32")):
+for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, FIRST=False, Out="*bf16"),
+                dict(NORM=False, OUTPUT=3, SPLITS=8, PACKED=False, PREFETCH=False, FIRST=False, Out="*fp32"),
+                dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=False, FIRST=True, Out="*bf16")):
     sig = {**ptrs, "X": "*fp32", "Out": product.pop("Out"), "Wdesc": "tensordesc<bf16[64, 128]>",
            **{k: v for k, v in ints.items() if k != "prefetch_ahead"}, "eps": "fp32",
            **dict.fromkeys(["INPUT", "NORM", "OUTPUT", "SPLITS", "BUMP", "ROWS", "BN", "BK", "PACKED", "DOT", "PDL",
-                            "STAGES", "PREFETCH", "LAUNCH"], "constexpr")}
+                            "STAGES", "PREFETCH", "LAUNCH", "FIRST"], "constexpr")}
     consts = dict(INPUT=0, BUMP=False, ROWS=16, BN=64, BK=128, DOT=True, PDL=True, STAGES=3, LAUNCH=1, **product)
     ptx = triton.compile(ASTSource(_matvec_tma, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options=dict(num_warps=8)).asm["ptx"]
     wait, copy, launch = (ptx.find(op) for op in ("griddepcontrol.wait", "cp.async.bulk.tensor",
                                                   "griddepcontrol.launch_dependents"))
-    print("tma", wait < copy < launch and "wgmma.mma_async" in ptx[copy:launch]
+    after = ptx.find("cp.async.bulk.tensor", wait)
+    print("tma", (copy < wait) == product["FIRST"] and wait < after < launch and "wgmma.mma_async" in ptx[after:launch]
           and (-1 < ptx.find("cp.async.bulk.prefetch.L2") < wait) == product["PREFETCH"])
 # the MLP in one kernel: its slice of down asked of L2 and its first gate/up tile loaded in 16-byte loads before the PDL
 # wait; the next kernel let launch after gate/up's loop; then its share of zeros stored and down's sums added to the
@@ -892,7 +900,7 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     needed), checks that each kernel builds as the H200 runs it: bf16 tensor-core products, atomics, PDL's waits."""
     assert compiled_for_the_gpu("import triton\n" + AOT_COMPILE, timeout=900).split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
                                    + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
-                                   + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 2 + ["mlp", "True"] * 2)
+                                   + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 3 + ["mlp", "True"] * 2)
 
 
 def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before_the_next(monkeypatch):
@@ -1087,3 +1095,27 @@ def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_pla
         block = decoder.layers[0].mlp
         fp32_bytes = 4 * (block.pair.numel() + block.down.numel())  # a layer's, three layers
         assert fused_kernels.weight_bytes(decoder)[fused_kernels.MLP] == 3 * fp32_bytes
+
+
+def test_the_tma_first_set_copies_before_the_wait_and_streams_qkv_and_o_only_where_its_names_say(monkeypatch):
+    """benchmarks/fused_prefetch.py --set tma_first on Llama-3.2-1B (2048 wide): each variant copies the first tile
+    before the PDL wait, asks L2 for the first tiles, streams QKV and O through TMA too, or lets the large products
+    launch the next kernel at their wait, as its name says, and changes nothing else of the rules' plan."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan (prefetch needs inline PTX)
+    import fused_occupancy as occupancy
+    import fused_prefetch
+
+    big = {"gate_up", "down", "lm_head"}
+    llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
+    for name, extra, constants in fused_prefetch.SETS["tma_first"]:
+        for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
+            monkeypatch.setattr(fused_decode, constant, value)
+        products = occupancy.step_products(llama, 1, FusedOptions(prefetch="fused.prefetch=true" in extra))
+        streamed = big | ({"qkv", "o"} if "QKV and O" in name else set())
+        assert {kind: p.stages for kind, p in products.items() if p.descriptor} == dict.fromkeys(streamed, 4), name
+        assert fused_decode.TMA_FIRST_BEFORE_WAIT == bool(re.search(r"first tile\b", name)), name
+        assert all((p.prefetch_bytes > 0) == ("asked of L2" in name) for p in products.values()), name
+        launches = {kind: fused_decode.launch_point(p) for kind, p in products.items()}
+        assert launches == {kind: fused_decode.AT_WAIT if "at their wait" in name and kind in big
+                            else fused_decode.AFTER_LOOP for kind in products}, name

@@ -297,6 +297,10 @@ TMA_LARGE_MAX_ROWS = 1 << 30
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
+# Whether a program streaming through TMA copies its split's first tile before its PDL wait, as `_matvec` loads its
+# first tile into registers there: the weights do not depend on the kernel before, so the copy overlaps that kernel's
+# tail, where the pipeliner's copies start only after the wait. Off until paired on a GPU (`--set tma_first`)
+TMA_FIRST_BEFORE_WAIT = False
 # gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
 # (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
 # 64, 192 of 32). Through registers, 32 measured slower (13.2 against 11.1 µs a call, 2026-12-02: blocks_and_splits)
@@ -462,30 +466,43 @@ def _matvec_tma(X, x_row, ResOut, Ids, Gain, W, Wdesc, Out, SquaresOut, Bump, ro
                 k_per_split, k_tiles, eps, prefetch_bytes, INPUT: tl.constexpr, NORM: tl.constexpr,
                 OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
-                PREFETCH: tl.constexpr = False, LAUNCH: tl.constexpr = 1):
+                PREFETCH: tl.constexpr = False, LAUNCH: tl.constexpr = 1, FIRST: tl.constexpr = False):
     """`_matvec` with the weight tiles read through the descriptor Wdesc (TMA_KINDS): on a Hopper GPU the tensor
     memory accelerator copies each [BN, BK] tile into shared memory, STAGES tiles in flight (Triton's pipeliner), and
     the tensor cores read it there, where `_matvec`'s tiles pass through registers and are stored to shared memory
     again for the MMA. The pipeliner's first copies come after the PDL wait (they are issued with the input's, which
-    the kernel before writes); PREFETCH asks L2 for the first tiles before it."""
+    the kernel before writes); PREFETCH asks L2 for the first tiles before it, and FIRST copies the split's first tile
+    before it (TMA_FIRST_BEFORE_WAIT), the pipeliner taking the rest."""
     _pdl_wait_launch(PDL, False, LAUNCH == 3)  # AT_START: before any load
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k_total)
     if PREFETCH:  # the packed tiles of this program's split are contiguous from its first one
         _prefetch_to_l2(W, (pid_n * k_tiles + k_start // BK) * BN * BK, prefetch_bytes)
+    if FIRST:  # the weights do not depend on the kernel before: only the input waits for it
+        w = _descriptor_tile(Wdesc, pid_n, k_start, k_tiles, BN, BK, PACKED)
     _pdl_wait_launch(PDL, True, LAUNCH == 0)
     acc = tl.zeros([BN, ROWS] if DOT else [ROWS, BN], tl.float32)
     squares = tl.zeros([ROWS], tl.float32)
-    for k0 in tl.range(k_start, k_end, BK, num_stages=STAGES):
-        if PACKED:  # tile (pid_n, k0 // BK): BN rows of the [tiles * BN, BK] view, zeros past the edges
-            w = Wdesc.load([(pid_n * k_tiles + k0 // BK) * BN, 0])
-        else:  # row-major [n, k]: the copy engine fills what passes the edges with zeros
-            w = Wdesc.load([pid_n * BN, k0])
+    k_first = k_start
+    if FIRST:
+        x, squares = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k_start, k_end, k_total, pid_n, INPUT, NORM, ROWS,
+                                 BK)
+        acc, k_first = _multiply_add(acc, w, x, DOT), k_start + BK
+    for k0 in tl.range(k_first, k_end, BK, num_stages=STAGES):
+        w = _descriptor_tile(Wdesc, pid_n, k0, k_tiles, BN, BK, PACKED)
         x, sq = _input_tile(X, x_row, ResOut, Ids, Gain, rows, k0, k_end, k_total, pid_n, INPUT, NORM, ROWS, BK)
         acc, squares = _multiply_add(acc, w, x, DOT), squares + sq
     _product_out(acc, squares, Out, SquaresOut, Bump, rows, n_total, out_cols, k_total, eps, pid_n, pid_k, NORM,
                  OUTPUT, SPLITS, BUMP, ROWS, BN, DOT, PDL, LAUNCH)
+
+
+@triton.jit
+def _descriptor_tile(Wdesc, pid_n, k0, k_tiles, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr):
+    """W's [BN, BK] tile at columns k0 through its TMA descriptor."""
+    if PACKED:  # tile (pid_n, k0 // BK): BN rows of the [tiles * BN, BK] view, zeros past the edges
+        return Wdesc.load([(pid_n * k_tiles + k0 // BK) * BN, 0])
+    return Wdesc.load([pid_n * BN, k0])  # row-major [n, k]: the copy engine fills what passes the edges with zeros
 
 
 @triton.jit
@@ -1112,7 +1129,8 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
     sizes = tuple(product_sizes(product, rows, out.shape[-1], eps).values())
     if product.descriptor is not None:
         _matvec_tma[product.grid](x, x.stride(0), residual, ids, gain, product.weight, product.descriptor, out,
-                                  squares, bump_at, *sizes, STAGES=product.stages, **shared)
+                                  squares, bump_at, *sizes, STAGES=product.stages, FIRST=TMA_FIRST_BEFORE_WAIT,
+                                  **shared)
         return
     arguments = (x, x.stride(0), residual, ids, gain, product.weight, out, squares, bump_at, *sizes,
                  product.prefetch_ahead)
