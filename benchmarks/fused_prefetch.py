@@ -27,6 +27,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set big_tma model=...     # gate/up, down, lm_head as tiles through TMA
     python benchmarks/fused_prefetch.py --set large_stages model=...  # their tiles in flight through TMA (2048 wide)
     python benchmarks/fused_prefetch.py --set tma_first model=...   # what a TMA program copies before its PDL wait
+    python benchmarks/fused_prefetch.py --set large_tiles model=...  # the large products' TMA tiles, K splits
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -329,6 +330,22 @@ TMA_FIRST_VARIANTS = [("the rules", [], {}),
                        dict(EVERY_THROUGH_TMA, **FIRST_BEFORE_WAIT)),
                       ("the first tile before the wait, the large products launching the next at their wait", [],
                        dict(FIRST_BEFORE_WAIT, **launch_at(fused_decode.TMA_LARGE_KINDS, AT_WAIT)))]
+# `--set large_tiles`: the large products' tiles through TMA (a model 2048 wide: gate/up, down, lm_head, each 3 to 60
+# times as wide as deep or deep as wide; QKV and O under 3) in other shapes, or their K split for fewer or more programs
+# an SM. Profiled under the rule (GPU-1473ee24, PDL off), gate/up read Llama-3.2-1B's weights at 3.48 TB/s and down at
+# 3.31, where lm_head reached 4.11 and Qwen3-8B's gate/up 4.03: a 256-column K tile halves a program's loop turns (its
+# waits and MMA issues), a 64-column one doubles them on twice the stages, the same bytes in flight (three stages of
+# 64 x 256 hold 139 KB of shared memory, one program an SM, two waves: benchmarks/fused_occupancy.py, not paired)
+def large_tiles(bn: int, bk: int):
+    default = fused_decode.tile_sizes
+    return lambda n, k: (bn, min(bk, k), 8) if max(n, k) >= 3 * min(n, k) else default(n, k)
+
+
+LARGE_TILES_VARIANTS = [("the rules (64 x 128 tiles, 4 stages)", [], {}),
+                        ("64 x 256 tiles, 2 stages", [], dict(tile_sizes=large_tiles(64, 256), TMA_LARGE_STAGES=2)),
+                        ("64 x 64 tiles, 8 stages", [], dict(tile_sizes=large_tiles(64, 64), TMA_LARGE_STAGES=8)),
+                        ("K split for 1 program an SM", [], dict(PROGRAMS_PER_SM=1)),
+                        ("K split for 4 programs an SM, up to 16 ways", [], dict(PROGRAMS_PER_SM=4, MAX_SPLITS=16))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -337,7 +354,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
-        "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS}
+        "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
+        "large_tiles": LARGE_TILES_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",

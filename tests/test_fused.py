@@ -1119,3 +1119,30 @@ def test_the_tma_first_set_copies_before_the_wait_and_streams_qkv_and_o_only_whe
         launches = {kind: fused_decode.launch_point(p) for kind, p in products.items()}
         assert launches == {kind: fused_decode.AT_WAIT if "at their wait" in name and kind in big
                             else fused_decode.AFTER_LOOP for kind in products}, name
+
+
+def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_its_names_say(monkeypatch):
+    """benchmarks/fused_prefetch.py --set large_tiles on Llama-3.2-1B: the tile shapes and stages a variant names go
+    to gate/up, down and lm_head alone (QKV and O, under three times as wide as deep, keep 64 x 128), and the split
+    variants change the splits of the products that split, not their tiles."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
+    import fused_occupancy as occupancy
+    import fused_prefetch
+
+    llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
+    planned = {}
+    for name, _, constants in fused_prefetch.SETS["large_tiles"]:
+        for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
+            monkeypatch.setattr(fused_decode, constant, value)
+        planned[name] = occupancy.step_products(llama, 1, FusedOptions())
+    rules, *variants = planned.values()
+    for name, products in zip(list(planned)[1:], variants):
+        shape = re.match(r"64 x (\d+) tiles, (\d+) stages", name)
+        for kind in ("gate_up", "down", "lm_head"):
+            bk, stages = (int(shape[1]), int(shape[2])) if shape else (128, 4)
+            assert (products[kind].bn, products[kind].bk, products[kind].stages) == (64, bk, stages), (name, kind)
+        assert [(p.bn, p.bk) for p in (products["qkv"], products["o"])] == [(64, 128)] * 2, name
+    one, four = planned["K split for 1 program an SM"], planned["K split for 4 programs an SM, up to 16 ways"]
+    assert one["qkv"].splits < rules["qkv"].splits < four["qkv"].splits and four["down"].splits == 16
+    assert one["gate_up"].splits == rules["gate_up"].splits == four["gate_up"].splits == 1  # never split
