@@ -28,6 +28,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set large_stages model=...  # their tiles in flight through TMA (2048 wide)
     python benchmarks/fused_prefetch.py --set tma_first model=...   # what a TMA program copies before its PDL wait
     python benchmarks/fused_prefetch.py --set large_tiles model=...  # the large products' TMA tiles, K splits
+    python benchmarks/fused_prefetch.py --set qkv_splits model=...  # QKV split for one program an SM (2048 wide)
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -344,8 +345,16 @@ def large_tiles(bn: int, bk: int):
 LARGE_TILES_VARIANTS = [("the rules (64 x 128 tiles, 4 stages)", [], {}),
                         ("64 x 256 tiles, 2 stages", [], dict(tile_sizes=large_tiles(64, 256), TMA_LARGE_STAGES=2)),
                         ("64 x 64 tiles, 8 stages", [], dict(tile_sizes=large_tiles(64, 64), TMA_LARGE_STAGES=8)),
-                        ("K split for 1 program an SM", [], dict(PROGRAMS_PER_SM=1)),
-                        ("K split for 4 programs an SM, up to 16 ways", [], dict(PROGRAMS_PER_SM=4, MAX_SPLITS=16))]
+                        # (as measured, before QKV's own rule: qkv_splits)
+                        ("K split for 1 program an SM", [], dict(PROGRAMS_PER_SM=1, QKV_ONE_AN_SM_MAX_ROWS=0)),
+                        ("K split for 4 programs an SM, up to 16 ways", [],
+                         dict(PROGRAMS_PER_SM=4, MAX_SPLITS=16, QKV_ONE_AN_SM_MAX_ROWS=0))]
+# `--set qkv_splits`: QKV split for one program an SM in a model 2048 wide (the rule at bs=1, QKV_ONE_AN_SM_MAX_ROWS;
+# `large_tiles`' "K split for 1 program an SM" changed only QKV there, 1.6% off Qwen3-1.7B's step), against the rules
+# before (two an SM), and at every batch size
+QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
+                       ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
+                       ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -355,7 +364,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
-        "large_tiles": LARGE_TILES_VARIANTS}
+        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -368,7 +377,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
     "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
-    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT")}
+    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT",
+    "QKV_ONE_AN_SM_MAX_ROWS")}
 
 
 def set_constants(constants: dict) -> None:

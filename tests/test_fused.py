@@ -1144,5 +1144,29 @@ def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_it
             assert (products[kind].bn, products[kind].bk, products[kind].stages) == (64, bk, stages), (name, kind)
         assert [(p.bn, p.bk) for p in (products["qkv"], products["o"])] == [(64, 128)] * 2, name
     one, four = planned["K split for 1 program an SM"], planned["K split for 4 programs an SM, up to 16 ways"]
-    assert one["qkv"].splits < rules["qkv"].splits < four["qkv"].splits and four["down"].splits == 16
+    # (the rules split QKV for one program an SM at bs=1 in this model since the set measured it: four ways)
+    assert one["qkv"].splits == rules["qkv"].splits == 4 < four["qkv"].splits and four["down"].splits == 16
     assert one["gate_up"].splits == rules["gate_up"].splits == four["gate_up"].splits == 1  # never split
+
+
+def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monkeypatch):
+    """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1,
+    as paired on the H200, and for two (two tiles) at bs=8, in Qwen3-0.6B and in Qwen3-4B; O keeps its splits; the
+    `qkv_splits` set's variants plan the rules before and the rule at every batch size."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
+    import fused_occupancy as occupancy
+    import fused_prefetch
+
+    def splits(model, rows, constants=None):
+        for constant, value in {**fused_prefetch.DEFAULTS, **(constants or {})}.items():
+            monkeypatch.setattr(fused_decode, constant, value)
+        products = occupancy.step_products(compose_single_run(["mode=fused", f"model={model}"]).model, rows,
+                                           FusedOptions())
+        return products["qkv"].grid, products["o"].grid
+
+    assert splits("llama-3.2-1b", 1) == ((48, 4), (32, 8)) and splits("llama-3.2-1b", 8) == ((48, 8), (32, 8))
+    assert splits("qwen3-1.7b", 1) == ((64, 4), (32, 8)) and splits("qwen3-1.7b", 8) == ((64, 8), (32, 8))
+    assert splits("qwen3-0.6b", 1)[0] == (64, 8) and splits("qwen3-4b", 1)[0] == (96, 4)  # as before (2 an SM)
+    before, every = (variant[2] for variant in fused_prefetch.SETS["qkv_splits"][1:])
+    assert splits("llama-3.2-1b", 1, before)[0] == (48, 8) and splits("llama-3.2-1b", 8, every)[0] == (48, 4)
