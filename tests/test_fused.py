@@ -1152,21 +1152,24 @@ def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_it
 def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monkeypatch):
     """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1,
     as paired on the H200, and for two (two tiles) at bs=8, in Qwen3-0.6B and in Qwen3-4B; O keeps its splits; the
-    `qkv_splits` set's variants plan the rules before and the rule at every batch size."""
+    `qkv_splits` set's variants plan the rules before and the rule at every batch size. fused.tma=false (the plan
+    before the large products' rule and this one) splits it for two."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
     import fused_occupancy as occupancy
     import fused_prefetch
 
-    def splits(model, rows, constants=None):
+    def splits(model, rows, constants=None, tma=True):
         for constant, value in {**fused_prefetch.DEFAULTS, **(constants or {})}.items():
             monkeypatch.setattr(fused_decode, constant, value)
         products = occupancy.step_products(compose_single_run(["mode=fused", f"model={model}"]).model, rows,
-                                           FusedOptions())
+                                           FusedOptions(tma=tma))
         return products["qkv"].grid, products["o"].grid
 
     assert splits("llama-3.2-1b", 1) == ((48, 4), (32, 8)) and splits("llama-3.2-1b", 8) == ((48, 8), (32, 8))
     assert splits("qwen3-1.7b", 1) == ((64, 4), (32, 8)) and splits("qwen3-1.7b", 8) == ((64, 8), (32, 8))
     assert splits("qwen3-0.6b", 1)[0] == (64, 8) and splits("qwen3-4b", 1)[0] == (96, 4)  # as before (2 an SM)
+    assert splits("llama-3.2-1b", 1, dict(TMA_FROM_HIDDEN=2048))[0] == (48, 8)  # where the large rule does not hold
+    assert splits("llama-3.2-1b", 1, tma=False)[0] == (48, 8)
     before, every = (variant[2] for variant in fused_prefetch.SETS["qkv_splits"][1:])
     assert splits("llama-3.2-1b", 1, before)[0] == (48, 8) and splits("llama-3.2-1b", 8, every)[0] == (48, 4)

@@ -73,7 +73,8 @@ def test_the_rules_warps_a_program_by_layout_k_and_rows(monkeypatch):
     assert rules(16384, 2048, "gate_up", options=no_tma) == PlanChoice(2, True, 8, slices=True)
     assert rules(128256, 2048, "lm_head", options=no_tma) == PlanChoice(2, True, 8, slices=True)
     assert rules(2048, 8192, "down", options=no_tma) == PlanChoice(2, True, 4, slices=True)
-    assert rules(3072, 2048, "qkv") == PlanChoice(2, True, 8)
+    assert rules(3072, 2048, "qkv") == PlanChoice(1, True, 8)  # QKV split for one program an SM at bs=1 here
+    assert rules(3072, 2048, "qkv", rows=8) == PlanChoice(2, True, 8)
     # with fused.split_k off, down's K stays whole: eight
     assert rules(2048, 8192, "down", options=FusedOptions(split_k=False, tma=False)) == PlanChoice(2, True, 8,
                                                                                                slices=True)

@@ -297,11 +297,11 @@ TMA_LARGE_MAX_ROWS = 1 << 30
 TMA_STAGES, TMA_PROGRAMS_PER_SM = 3, 3  # ... and the programs of that many stages an SM holds
 TMA_STAGES_WIDE, TMA_WIDE_PROGRAMS_PER_SM = 2, 4
 TMA_STAGES_OF: dict[str, int] = {}
-# In a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide, QKV (tiles through registers) split for one
-# program an SM, not PROGRAMS_PER_SM, at this many batch rows at most (qkv_one_an_sm): four tiles a program, where two
-# a program left it more programs than SMs hold at once. Paired on one H200 (GPU-5928ca20, 2026-12-05; docs/benchmarks.md,
-# "what a TMA program copies before its wait"): Qwen3-1.7B's step at bs=1 1.6% faster (256 programs, not 512),
-# Llama-3.2-1B's at the study's workload 0.1% (192, not 384); O and down split as before (at most 8 ways)
+# In a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide, with fused.tma, QKV (tiles through registers)
+# split for one program an SM, not PROGRAMS_PER_SM, at this many batch rows at most (qkv_one_an_sm): four tiles a
+# program, where two a program gave it more programs than SMs hold at once. Paired on one H200 (GPU-5928ca20,
+# 2026-12-05; docs/benchmarks.md, "what a TMA program copies before its wait"): Qwen3-1.7B's step at bs=1 1.6% faster
+# (256 programs, not 512), Llama-3.2-1B's at the study's workload 0.1% (192, not 384); O and down split as before
 QKV_ONE_AN_SM_MAX_ROWS = 1
 # Whether a program streaming through TMA copies its split's first tile before its PDL wait, as `_matvec` loads its
 # first tile into registers there: the weights do not depend on the kernel before, so the copy overlaps that kernel's
@@ -1447,14 +1447,16 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
     warps = rule_warps(kind, n, k, options, rows, hidden, slices)
     if slices:
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
-    per_sm = 1 if kind == "qkv" and qkv_one_an_sm(hidden, rows) else PROGRAMS_PER_SM
+    per_sm = 1 if kind == "qkv" and qkv_one_an_sm(hidden, options, element_size, rows) else PROGRAMS_PER_SM
     return PlanChoice(per_sm, options.packed, warps, options.prefetch)
 
 
-def qkv_one_an_sm(hidden: int, rows: int) -> bool:
-    """Whether the rules split QKV's K for one program an SM, not PROGRAMS_PER_SM: in a model between
-    TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide at QKV_ONE_AN_SM_MAX_ROWS rows at most."""
-    return rows <= QKV_ONE_AN_SM_MAX_ROWS and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN
+def qkv_one_an_sm(hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
+    """Whether the rules split QKV's K for one program an SM, not PROGRAMS_PER_SM: at QKV_ONE_AN_SM_MAX_ROWS rows at
+    most, where the large products' rule streams the rest of the step as it was measured (fused.tma, 16-bit weights,
+    a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide): fused.tma=false plans the step before both."""
+    return (rows <= QKV_ONE_AN_SM_MAX_ROWS and options.tma and tma_element_size(element_size)
+            and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
 
 
 def rule_warps(kind: str, n: int, k: int, options: FusedOptions, rows: int, hidden: int, slices: bool) -> int:
