@@ -301,7 +301,8 @@ TMA_STAGES_OF: dict[str, int] = {}
 # split for one program an SM, not PROGRAMS_PER_SM, at this many batch rows at most (qkv_one_an_sm): four tiles a
 # program, where two a program gave it more programs than SMs hold at once. Paired on one H200 (GPU-5928ca20,
 # 2026-12-05; docs/benchmarks.md, "what a TMA program copies before its wait"): Qwen3-1.7B's step at bs=1 1.6% faster
-# (256 programs, not 512), Llama-3.2-1B's at the study's workload 0.1% (192, not 384); O and down split as before
+# (256 programs, not 512), 1.0% on an H100; Llama-3.2-1B's at the study's workload within 0.1% either way on the two
+# (192, not 384). O and down split as before
 QKV_ONE_AN_SM_MAX_ROWS = 1
 # Whether a program streaming through TMA copies its split's first tile before its PDL wait, as `_matvec` loads its
 # first tile into registers there: the weights do not depend on the kernel before, so the copy overlaps that kernel's
