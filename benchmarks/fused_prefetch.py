@@ -318,7 +318,8 @@ LARGE_STAGES_VARIANTS = [("the rules (4 stages)", [], {})] + [
 # persistent chain measured its barriers 18% cheaper than PDL's launches only with the next rows loaded before each
 # (benchmarks/persistent_chain.py, GPU-3354d55b). So: the split's first tile copied before the wait
 # (TMA_FIRST_BEFORE_WAIT), its first tiles asked of L2 there (fused.prefetch), both; QKV and O through TMA too; and
-# the large products letting the next kernel launch at their wait, its first tile then in flight before its own
+# the large products letting the next kernel launch at their wait, its first tile then in flight before its own.
+# Measured (GPU-1473ee24, 2026-12-05): every variant slower, by 1.3-14%
 FIRST_BEFORE_WAIT = dict(TMA_FIRST_BEFORE_WAIT=True)
 EVERY_THROUGH_TMA = dict(TMA_LARGE_KINDS=EVERY)
 TMA_FIRST_VARIANTS = [("the rules", [], {}),
@@ -336,7 +337,9 @@ TMA_FIRST_VARIANTS = [("the rules", [], {}),
 # an SM. Profiled under the rule (GPU-1473ee24, PDL off), gate/up read Llama-3.2-1B's weights at 3.48 TB/s and down at
 # 3.31, where lm_head reached 4.11 and Qwen3-8B's gate/up 4.03: a 256-column K tile halves a program's loop turns (its
 # waits and MMA issues), a 64-column one doubles them on twice the stages, the same bytes in flight (three stages of
-# 64 x 256 hold 139 KB of shared memory, one program an SM, two waves: benchmarks/fused_occupancy.py, not paired)
+# 64 x 256 hold 139 KB of shared memory, one program an SM, two waves: benchmarks/fused_occupancy.py, not paired).
+# Measured (GPU-5928ca20, 2026-12-05): the other shapes 9-14% slower; one program an SM, which changed only QKV's
+# splits, 1.6% faster on Qwen3-1.7B and 0.1% on Llama-3.2-1B (the rule since: qkv_splits)
 def large_tiles(bn: int, bk: int):
     default = fused_decode.tile_sizes
     return lambda n, k: (bn, min(bk, k), 8) if max(n, k) >= 3 * min(n, k) else default(n, k)

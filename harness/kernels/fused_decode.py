@@ -305,8 +305,10 @@ TMA_STAGES_OF: dict[str, int] = {}
 # (192, not 384). O and down split as before
 QKV_ONE_AN_SM_MAX_ROWS = 1
 # Whether a program streaming through TMA copies its split's first tile before its PDL wait, as `_matvec` loads its
-# first tile into registers there: the weights do not depend on the kernel before, so the copy overlaps that kernel's
-# tail, where the pipeliner's copies start only after the wait. Off until paired on a GPU (`--set tma_first`)
+# first tile into registers there (the weights do not depend on the kernel before). Off: paired on one H200
+# (GPU-1473ee24, 2026-12-05; `--set tma_first`), Llama-3.2-1B's step at the study's workload took 6.7% longer and
+# Qwen3-8B's 11.8%. Triton waits for a copy outside the loop at once, so each program waits for that tile, then for the
+# kernel before, and only then starts the pipeliner's copies
 TMA_FIRST_BEFORE_WAIT = False
 # gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
 # (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
