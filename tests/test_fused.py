@@ -1151,9 +1151,9 @@ def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_it
 
 def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monkeypatch):
     """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1,
-    as paired on an H200 and an H100, and for two (two tiles) at bs=8, in Qwen3-0.6B and in Qwen3-4B; O keeps its splits; the
-    `qkv_splits` set's variants plan the rules before and the rule at every batch size. fused.tma=false (the plan
-    before the large products' rule and this one) splits it for two."""
+    as paired on an H200 and an H100, and for two (two tiles) at bs=8, in Qwen3-0.6B and in Qwen3-4B; O keeps its
+    splits; the `qkv_splits` set's variants plan the rules before and the rule at every batch size. fused.tma=false
+    (the plan before the large products' rule and this one) splits it for two."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
     import fused_occupancy as occupancy
