@@ -987,6 +987,18 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     assert down["waves"] == pytest.approx(2048 / (down["per_sm"] * 132))
 
 
+def variant_products(monkeypatch, model, constants: dict, rows: int = 1, options: FusedOptions = FusedOptions()):
+    """`model`'s step products at `rows` batch rows as the GPU would plan them under a benchmarks/fused_prefetch.py
+    variant's constants, every other constant at its default (set_constants' rule; monkeypatch puts all back). The
+    test puts benchmarks/ on the path first."""
+    import fused_occupancy
+    import fused_prefetch
+
+    for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
+        monkeypatch.setattr(fused_decode, constant, value)
+    return fused_occupancy.step_products(model, rows, options)
+
+
 def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_compiles_their_tma_kernel(monkeypatch):
     """benchmarks/fused_prefetch.py --set big_tma: each variant plans the small model's large products (the rules'
     slices) as tiles through TMA, as tiles through registers, or sliced, as its name says, and leaves QKV and O to the
@@ -1005,9 +1017,7 @@ def test_the_big_tma_set_streams_the_kinds_it_names_and_the_occupancy_table_comp
     assert len(variants) == len(streamed_and_sliced)
 
     def planned(model, constants, rows=1):
-        for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
-            monkeypatch.setattr(fused_decode, constant, value)
-        return occupancy.step_products(model, rows, FusedOptions())
+        return variant_products(monkeypatch, model, constants, rows)
 
     for (name, _, constants), (streamed, sliced) in zip(variants, streamed_and_sliced):
         products = planned(cfg.model, constants)
@@ -1103,15 +1113,13 @@ def test_the_tma_first_set_copies_before_the_wait_and_streams_qkv_and_o_only_whe
     launch the next kernel at their wait, as its name says, and changes nothing else of the rules' plan."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan (prefetch needs inline PTX)
-    import fused_occupancy as occupancy
     import fused_prefetch
 
     big = {"gate_up", "down", "lm_head"}
     llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
     for name, extra, constants in fused_prefetch.SETS["tma_first"]:
-        for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
-            monkeypatch.setattr(fused_decode, constant, value)
-        products = occupancy.step_products(llama, 1, FusedOptions(prefetch="fused.prefetch=true" in extra))
+        products = variant_products(monkeypatch, llama, constants,
+                                    options=FusedOptions(prefetch="fused.prefetch=true" in extra))
         streamed = big | ({"qkv", "o"} if "QKV and O" in name else set())
         assert {kind: p.stages for kind, p in products.items() if p.descriptor} == dict.fromkeys(streamed, 4), name
         assert fused_decode.TMA_FIRST_BEFORE_WAIT == bool(re.search(r"first tile\b", name)), name
@@ -1127,15 +1135,12 @@ def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_it
     variants change the splits of the products that split, not their tiles."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
-    import fused_occupancy as occupancy
     import fused_prefetch
 
     llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
     planned = {}
     for name, _, constants in fused_prefetch.SETS["large_tiles"]:
-        for constant, value in {**fused_prefetch.DEFAULTS, **constants}.items():
-            monkeypatch.setattr(fused_decode, constant, value)
-        planned[name] = occupancy.step_products(llama, 1, FusedOptions())
+        planned[name] = variant_products(monkeypatch, llama, constants)
     rules, *variants = planned.values()
     for name, products in zip(list(planned)[1:], variants):
         shape = re.match(r"64 x (\d+) tiles, (\d+) stages", name)
@@ -1156,14 +1161,11 @@ def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monke
     (the plan before the large products' rule and this one) splits it for two."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
-    import fused_occupancy as occupancy
     import fused_prefetch
 
     def splits(model, rows, constants=None, tma=True):
-        for constant, value in {**fused_prefetch.DEFAULTS, **(constants or {})}.items():
-            monkeypatch.setattr(fused_decode, constant, value)
-        products = occupancy.step_products(compose_single_run(["mode=fused", f"model={model}"]).model, rows,
-                                           FusedOptions(tma=tma))
+        products = variant_products(monkeypatch, compose_single_run(["mode=fused", f"model={model}"]).model,
+                                    constants or {}, rows, FusedOptions(tma=tma))
         return products["qkv"].grid, products["o"].grid
 
     assert splits("llama-3.2-1b", 1) == ((48, 4), (32, 8)) and splits("llama-3.2-1b", 8) == ((48, 8), (32, 8))

@@ -1456,10 +1456,9 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
 
 def qkv_one_an_sm(hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
     """Whether the rules split QKV's K for one program an SM, not PROGRAMS_PER_SM: at QKV_ONE_AN_SM_MAX_ROWS rows at
-    most, where the large products' rule streams the rest of the step as it was measured (fused.tma, 16-bit weights,
-    a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide): fused.tma=false plans the step before both."""
-    return (rows <= QKV_ONE_AN_SM_MAX_ROWS and options.tma and tma_element_size(element_size)
-            and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
+    most, where the large products' rule streams the rest of the step as it was measured (large_rule_model):
+    fused.tma=false plans the step before both."""
+    return rows <= QKV_ONE_AN_SM_MAX_ROWS and large_rule_model(hidden, options, element_size)
 
 
 def rule_warps(kind: str, n: int, k: int, options: FusedOptions, rows: int, hidden: int, slices: bool) -> int:
@@ -1519,10 +1518,16 @@ def tma_element_size(element_size: int) -> bool:
 
 def large_through_tma(kind: str, hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
     """Whether a product of `kind` with weights of `element_size` bytes at `rows` batch rows streams through TMA by the
-    large products' rule alone (TMA_LARGE_KINDS, TMA_LARGE_MAX_ROWS rows at most, in a model between
-    TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide), and so runs as tiles where the rules would slice it."""
-    return (options.tma and kind in TMA_LARGE_KINDS and kind in TMA_KINDS and tma_element_size(element_size)
-            and rows <= TMA_LARGE_MAX_ROWS and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN)
+    large products' rule alone (TMA_LARGE_KINDS, TMA_LARGE_MAX_ROWS rows at most, in a model large_rule_model takes),
+    and so runs as tiles where the rules would slice it."""
+    return (kind in TMA_LARGE_KINDS and kind in TMA_KINDS and rows <= TMA_LARGE_MAX_ROWS
+            and large_rule_model(hidden, options, element_size))
+
+
+def large_rule_model(hidden: int, options: FusedOptions, element_size: int) -> bool:
+    """Whether a step is one the large products' rule applies to: fused.tma, weights it streams (tma_element_size),
+    a model between TMA_LARGE_FROM_HIDDEN and TMA_FROM_HIDDEN wide."""
+    return options.tma and tma_element_size(element_size) and TMA_LARGE_FROM_HIDDEN <= hidden < TMA_FROM_HIDDEN
 
 
 def tma_stages(product: Product) -> int:
