@@ -21,13 +21,17 @@ QKV, ATTENTION, O, GATE_UP, DOWN = ("qkv (norm, matvec)", "attention (rope, appe
                                     "gate/up (norm, matvec, SiLU)", "down_proj")
 MLP, QKV_ATTENTION, ATTENTION_O = ("mlp in one (gate/up, SiLU, down)", "qkv with the attention in its tail",
                                    "o_proj with the attention in it")
+BLOCK = "qkv, attention and o_proj in one persistent kernel"
 STEPS = 50
 
 
 def layer_kernels(decoder) -> tuple[str, ...]:
     """A layer's kernels in launch order, as the decoder plans them: the attention folded into one (the default), as
-    three, or in QKV's tail or O; the MLP as gate/up then down, or in one kernel."""
-    if decoder.attention_in_qkv:
+    three, in QKV's tail or O, or with QKV and O in one persistent kernel; the MLP as gate/up then down, or in one
+    kernel."""
+    if decoder.block:
+        attention = (BLOCK,)
+    elif decoder.attention_in_qkv:
         attention = (QKV_ATTENTION, O)
     elif decoder.attention_in_o:
         attention = (QKV, ATTENTION_O)
@@ -47,6 +51,8 @@ def weight_bytes(decoder) -> dict[str, float]:
         for name in names:
             if name in products:
                 per[name] += products[name].n * products[name].k * products[name].weight.element_size()
+        if BLOCK in names:
+            per[BLOCK] += sum(p.n * p.k * p.weight.element_size() for p in (layer.qkv, layer.o))
         if layer.mlp is not None:
             per[MLP] += sum(t.numel() * t.element_size() for t in (layer.mlp.pair, layer.mlp.down))
         if layer.o_groups is not None:

@@ -358,6 +358,13 @@ LARGE_TILES_VARIANTS = [("the rules (64 x 128 tiles, 4 stages)", [], {}),
 QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
+# `--set persistent`: each layer's QKV, attention and O as one persistent kernel (a grid barrier where a kernel ended,
+# O's first tiles loaded before it), against the default's three launches, at one row or up to 8, and with two
+# programs an SM or one (fewer K splits)
+PERSISTENT_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
+                       ("QKV, attention and O as one persistent kernel", [], dict(BLOCK_MAX_ROWS=8)),
+                       ("one persistent kernel, 1 program an SM", [], dict(BLOCK_MAX_ROWS=8,
+                                                                             BLOCK_PROGRAMS_PER_SM=1))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -367,7 +374,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
-        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS}
+        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS, "persistent": PERSISTENT_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -381,7 +388,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
     "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT",
-    "QKV_ONE_AN_SM_MAX_ROWS")}
+    "QKV_ONE_AN_SM_MAX_ROWS", "BLOCK_MAX_ROWS", "BLOCK_PROGRAMS_PER_SM", "BLOCK_REGISTERS")}
 
 
 def set_constants(constants: dict) -> None:

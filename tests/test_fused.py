@@ -107,13 +107,16 @@ def test_the_attention_folds_into_o_only_where_asked_and_one_chunk_a_kv_head(mon
     assert not fold(FusedOptions(), 1, 24, 8, 1)  # a group of three heads
 
 
-@pytest.mark.parametrize("fold", ["ATTENTION_IN_O_MAX_ROWS", "ATTENTION_IN_QKV_MAX_ROWS"], ids=["into-o", "into-qkv"])
+@pytest.mark.parametrize("fold", ["ATTENTION_IN_O_MAX_ROWS", "ATTENTION_IN_QKV_MAX_ROWS", "BLOCK_MAX_ROWS"],
+                         ids=["into-o", "into-qkv", "persistent-block"])
 def test_a_fault_inside_the_attention_folded_into_o_or_qkv_changes_what_it_computes(monkeypatch, fold):
-    """The built-in faults act in the attention folded into O, or into QKV's tail, too: RoPE a slot off, or the new
-    K/V never appended."""
+    """The built-in faults act in the attention folded into O, into QKV's tail, or in the persistent block too: RoPE a
+    slot off, or the new K/V never appended."""
     monkeypatch.setattr(fused_decode, fold, 2)
     eager, run, decoder = fused_and_eager()
-    assert decoder.attention_in_o if fold == "ATTENTION_IN_O_MAX_ROWS" else decoder.attention_in_qkv
+    folded = {"ATTENTION_IN_O_MAX_ROWS": decoder.attention_in_o, "ATTENTION_IN_QKV_MAX_ROWS": decoder.attention_in_qkv,
+              "BLOCK_MAX_ROWS": decoder.block}
+    assert folded[fold] and sum(folded.values()) == 1
     with torch.inference_mode():
         want = eager.step()
         decoder.rope_shift = 1
@@ -144,6 +147,73 @@ def test_the_attention_in_qkvs_tail_computes_eager_logits_and_cache(family, cont
     assert decoder.attention_plan() == "attention: in QKV's tail, by the program counted last for each KV head"
     decode_like_eager(eager, run, decoder, 3, after_each=lambda: _assert(not decoder.qkv_counted.any()))
     assert_same_cache(run, eager, context + 3, length=context + 3)
+
+
+@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
+def test_the_persistent_block_computes_eager_logits_and_cache(family, context, monkeypatch):
+    """Each layer's QKV, attention and O as one persistent kernel (BLOCK_MAX_ROWS), its three phases launched one after
+    another as Triton's interpreter runs it: the logits and the cache are eager's over prefixes of one block and of
+    three, two rows, QKV in blocks narrower than a head and split over K (its programs mapped to column blocks and
+    splits as `_matvec`'s grid), more programs than O has (those past O's do nothing there), at layer 0 from the
+    embedding rows."""
+    monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
+    monkeypatch.setattr(fused_decode, "INTERPRETED_BN", 8)  # tiny's heads are 16 wide: two blocks a head
+    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
+    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
+    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
+    qkv, o = decoder.layers[0].qkv, decoder.layers[0].o
+    assert decoder.block and not (decoder.attention_in_o or decoder.attention_in_qkv)
+    assert qkv.splits > 1 and qkv.grid[0] > 1 and o.grid[0] * o.grid[1] < qkv.grid[0] * qkv.grid[1]
+    assert decoder.kernels_per_step() == 3 * len(decoder.layers) + 1
+    programs = qkv.grid[0] * qkv.grid[1]
+    assert decoder.attention_plan() == f"attention: with QKV and O in one persistent kernel of {programs} programs"
+    decode_like_eager(eager, run, decoder, 3)
+    assert_same_cache(run, eager, context + 3, length=context + 3)
+
+
+def test_the_persistent_block_runs_only_where_asked_and_fits_its_programs_on_the_gpu_at_once(monkeypatch):
+    """folds_block on Llama-3.2-1B's QKV and O plans (48 and 32 blocks of 64 columns, K in tiles of 128): off by
+    default; where on, each product keeps the rules' K splits if its programs fit BLOCK_PROGRAMS_PER_SM an SM, else
+    fewer that cut K into whole tiles; refused past its rows, with chunks to merge, TMA's tiles, sliced or prefetched
+    products, fused.tune, or products that even unsplit do not fit."""
+    product = lambda n, splits, **kw: fused_decode.Product(torch.empty(0), n, 2048, 64, 128, splits, True, True, 8,
+                                                           **kw)
+    qkv, o = product(3072, 4), product(2048, 8)
+    fold = lambda options=FusedOptions(), rows=1, chunks=1, q=qkv, p=o, sms=132: fused_decode.folds_block(
+        options, rows, chunks, q, p, 8, sms)
+    assert fold() is None  # BLOCK_MAX_ROWS: 0, off
+    monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 1)
+    assert [p.splits for p in fold()] == [4, 8]  # 192 and 256 programs: within 264
+    assert [p.splits for p in fold(sms=100)] == [4, 4]  # O's 256 past 200: 4 splits of 512 columns
+    assert [p.splits for p in fold(sms=40)] == [1, 2]  # QKV's 48 blocks past 80 at 2 splits: 1
+    assert fused_decode.block_programs(*fold(), 1, 8) == 256
+    assert fold(sms=20) is None  # QKV's 48 blocks unsplit past 40
+    assert fold(rows=2) is None and fold(chunks=2) is None
+    assert fold(FusedOptions(tune=True)) is None and fold(FusedOptions(fold_attention=False)) is None
+    assert fold(q=dataclasses.replace(qkv, descriptor=object())) is None
+    assert fold(p=dataclasses.replace(o, prefetch_bytes=1 << 20)) is None
+    assert fold(p=dataclasses.replace(o, warps=4)) is None  # one kernel: one number of warps
+    # 3 splits (144 programs) fit 200, but 2048 / 3 columns are not whole tiles of 128: 2
+    assert fused_decode.block_products(product(3072, 3), o, 200)[0].splits == 2
+
+
+def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its_barrier_needs():
+    """The grid barrier opens only if every program of the block is resident at once: compiled for sm_90 (Triton's
+    ahead-of-time compiler) with Llama-3.2-1B's and Qwen3-0.6B's plans at bs=1, on BLOCK_REGISTERS a thread, an SM
+    holds BLOCK_PROGRAMS_PER_SM of its programs, and its grid fits a 132-SM GPU."""
+    script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as f\n"
+              "from harness.cli.precheck import compose_single_run\n"
+              "from harness.kernels.fused_decode import FusedOptions\n"
+              "out = {}\n"
+              "for m in ('llama-3.2-1b', 'qwen3-0.6b'):\n"
+              "    model = compose_single_run(['mode=fused', 'model=' + m]).model\n"
+              "    out[m] = f.block_resources(model, f.step_products(model, 1, FusedOptions()), 1)\n"
+              "print(json.dumps(out))")
+    for model, block in json.loads(compiled_for_the_gpu(script).splitlines()[-1]).items():
+        assert block["registers"] <= fused_decode.BLOCK_REGISTERS, (model, block)
+        assert block["per_sm"] >= fused_decode.BLOCK_PROGRAMS_PER_SM, (model, block)
+        assert block["programs"] <= fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS, (model, block)
 
 
 def test_each_kv_heads_arrivals_are_the_qkv_programs_holding_its_columns_and_the_first_block():
@@ -1087,8 +1157,9 @@ def test_the_persistent_chain_computes_the_fp32_chain_each_way_and_loads_its_wei
 
 @pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},
                                    {"MLP_IN_ONE_MAX_ROWS": 2},
-                                   {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2}],
-                         ids=["default", "attention-in-qkv", "attention-in-o", "mlp-in-one", "both"])
+                                   {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2},
+                                   {"BLOCK_MAX_ROWS": 2}],
+                         ids=["default", "attention-in-qkv", "attention-in-o", "mlp-in-one", "both", "block"])
 def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_plans_it(folds, monkeypatch):
     """benchmarks/fused_kernels.py names a step's kernels by their place in it: a layer's names must be as many as the
     decoder launches a layer, whatever is folded, and the MLP in one kernel is charged both its weights' bytes."""
@@ -1101,6 +1172,11 @@ def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_pla
     names = fused_kernels.layer_kernels(decoder)
     assert len(names) * len(decoder.layers) + 1 == decoder.kernels_per_step() and len(set(names)) == len(names)
     assert (fused_kernels.MLP in names) == decoder.mlp_in_one == ("MLP_IN_ONE_MAX_ROWS" in folds)
+    assert (names[0] == fused_kernels.BLOCK) == decoder.block == ("BLOCK_MAX_ROWS" in folds)
+    if decoder.block:  # QKV's and O's weights, charged to the one kernel
+        layer = decoder.layers[0]
+        assert fused_kernels.weight_bytes(decoder)[fused_kernels.BLOCK] == 3 * 4 * (layer.qkv.n * layer.qkv.k
+                                                                                   + layer.o.n * layer.o.k)
     if decoder.mlp_in_one:
         block = decoder.layers[0].mlp
         fp32_bytes = 4 * (block.pair.numel() + block.down.numel())  # a layer's, three layers

@@ -237,6 +237,21 @@ ATTENTION_IN_QKV_MAX_ROWS = 0
 # head, spills 152-208 bytes a thread to local memory; at 128 it spills none, and two programs fit an SM (the
 # benchmark set pairs both)
 QKV_ATTENTION_REGISTERS = 64
+# Each layer's QKV, attention and O as one persistent kernel (folds_block; the kernel `_attention_block`), where a step
+# decodes at most this many rows, the attention is one chunk a KV head and QKV and O are tiles through registers: its
+# programs stay resident for the three and wait at a grid barrier where a kernel would end (two launches a layer
+# fewer). Each program loads its first tile of O before the first barrier, so that O's weights are in flight while
+# the attention (one program a row and KV head) runs and the other programs would otherwise idle. The barrier needs
+# every program resident at once: BLOCK_PROGRAMS_PER_SM of them an SM at most (their registers held to
+# BLOCK_REGISTERS a thread), QKV's and O's K splits halved until their programs fit (block_products). A barrier that
+# polls BARRIER_SPIN_LIMIT times gives up (the step's sums are then wrong and the run fails verification) rather
+# than hanging the GPU. The public microbenchmark of the idea here (benchmarks/persistent_chain.py): a grid barrier
+# with the next product's rows loaded cost 0.77 µs less than a PDL launch. `--set persistent` pairs it with the
+# default; off (0) until it pays in the step.
+BLOCK_MAX_ROWS = 0
+BLOCK_PROGRAMS_PER_SM = 2
+BLOCK_REGISTERS = 128
+BARRIER_SPIN_LIMIT = 1 << 22
 # Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
 # kernel `_mlp`): each program takes a slice of the intermediate's columns (mlp_columns), computes gate and up for them
 # from the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of
@@ -970,11 +985,23 @@ def _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, O
     pos = tl.load(Pos, cache_modifier=".cg")
     cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
     for row in range(rows):
-        acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
-                               scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, 0,
-                               pos.to(tl.int32) + 1, True, pos, pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
-                               BLOCK_N, QK_NORM, APPEND, IEEE, True, False, False)
-        _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
+        _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, Out, pos, o_row, rows, n_total, hidden,
+                       eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, HEADS, KV_HEADS,
+                       GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
+
+
+@triton.jit
+def _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, Out, pos, o_row, rows, n_total, hidden, eps,
+                   scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, HEADS: tl.constexpr,
+                   KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                   BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr):
+    """One row's attention for the KV head's group over the whole valid prefix [0, pos], one chunk as `_attention`'s
+    (the new K/V appended first), stored for the O product."""
+    acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
+                           scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, 0, pos.to(tl.int32) + 1,
+                           True, pos, pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE,
+                           True, False, False)
+    _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
 
 
 @triton.jit
@@ -1056,6 +1083,91 @@ def _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, row
     o = (acc / l_i[:, None]).to(Keys.dtype.element_ty).to(tl.float32)  # [GROUP_PAD, D]: the group's heads first
     pick = tl.arange(0, HEADS // KV_HEADS)[:, None] == tl.arange(0, GROUP_PAD)[None, :]
     return tl.sum(tl.where(pick[:, :, None], o[None, :, :], 0.0), 1)
+
+
+@triton.jit
+def _grid_barrier(Barrier, programs, spin_limit):
+    """Wait until all `programs` of the grid have arrived (every one resident: the caller's promise). Barrier holds
+    [count, generation]: the last to arrive sets the count back to 0 and advances the generation (released at the
+    GPU's scope), the others poll the generation they read before arriving (acquired), so that the next barrier, or
+    the next step's, starts from a count of 0 with nothing reset between. Past spin_limit polls a program goes on
+    (wrong sums, never a GPU hung). Every thread then fences at the GPU's scope: its loads of what other SMs stored
+    before arriving are not served by a stale line in this SM's L1."""
+    tl.debug_barrier()  # every thread's stores before the arrival (released at the GPU's scope) says so
+    generation = tl.atomic_add(Barrier + 1, 0, sem="acquire", scope="gpu")
+    arrived = tl.atomic_add(Barrier, 1, sem="acq_rel", scope="gpu")
+    if arrived == programs - 1:
+        tl.atomic_xchg(Barrier, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(Barrier + 1, 1, sem="release", scope="gpu")
+    else:
+        seen, spins = generation, 0
+        while (seen == generation) & (spins < spin_limit):
+            seen = tl.atomic_add(Barrier + 1, 0, sem="acquire", scope="gpu")
+            spins += 1
+    _acquire_at_gpu_scope()
+    tl.debug_barrier()
+
+
+@triton.jit
+def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr):
+    """A product's program `item` of the persistent block (items ordered as `_matvec`'s grid: column blocks first): its
+    column block, K split, and the split's columns [k_start, k_end)."""
+    blocks = tl.cdiv(n_total, BN)
+    pid_n, pid_k = item % blocks, item // blocks
+    k_start = pid_k * k_per_split
+    return pid_n, pid_k, k_start, tl.minimum(k_start + k_per_split, k_total)
+
+
+@triton.jit
+def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, AttnOut, Bump, Pos, Cos, Sin, QNorm,
+                     KNorm, Keys, Values, Barrier, rows, hidden, qkv_n, qkv_k_per_split, qkv_k_tiles, o_k,
+                     o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row,
+                     spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr, QKV_BK: tl.constexpr,
+                     QKV_SPLITS: tl.constexpr, QKV_ONE_TILE: tl.constexpr, O_BN: tl.constexpr, O_BK: tl.constexpr,
+                     O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
+                     BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
+                     APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr):
+    """A layer's QKV product (normed partial sums, as `_matvec`'s), its attention (one program a row and KV head, one
+    chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS):
+    a grid barrier between them, each program's first tile of O loaded before the first. PHASE 0 runs all three; 1, 2
+    or 3 only that one, with no barrier (Triton's interpreter runs one program after another, and no barrier could
+    open: the three are then three launches). The next kernel is let launch once O's loop is done, past both
+    barriers, so that none of its programs can take the place of one of this kernel's not yet resident."""
+    pid, programs = tl.program_id(0), tl.num_programs(0)
+    if PHASE < 2:  # QKV, as `_matvec` with PARTIALS and the norm (nothing to do past its programs)
+        pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, tl.cdiv(qkv_n, QKV_BN) * QKV_SPLITS - 1), qkv_n,
+                                                   hidden, qkv_k_per_split, QKV_BN)
+        w = _weight_tile(Wqkv, pid_n, k_start, k_end, qkv_n, hidden, qkv_k_tiles, QKV_BN, QKV_BK, PACKED)
+        _pdl_wait(PDL)
+        if pid < tl.cdiv(qkv_n, QKV_BN) * QKV_SPLITS:
+            acc, squares = _weight_loop(w, X, x_row, Residual, Ids, Gain, Wqkv, rows, k_start, k_end, hidden, qkv_n,
+                                        qkv_k_tiles, pid_n, 0, INPUT, True, ROWS, QKV_BN, QKV_BK, PACKED, DOT, False,
+                                        0, QKV_ONE_TILE)
+            _product_out(acc, squares, Parts, Squares, Bump, rows, qkv_n, qkv_n, hidden, eps, pid_n, pid_k, True,
+                         0, QKV_SPLITS, False, ROWS, QKV_BN, DOT, PDL, -1)  # PARTIALS; the next kernel not let launch
+    else:
+        _pdl_wait(PDL)
+    o_items = tl.cdiv(hidden, O_BN) * O_SPLITS
+    on, ok, o_start, o_end = _block_item(tl.minimum(pid, o_items - 1), hidden, o_k, o_k_per_split, O_BN)
+    if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
+        wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
+    if PHASE == 0:
+        _grid_barrier(Barrier, programs, spin_limit)
+    if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:
+        pos = tl.load(Pos, cache_modifier=".cg")
+        cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
+        _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, AttnOut, pos, o_row, rows, qkv_n, hidden,
+                       eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid // KV_HEADS, pid % KV_HEADS,
+                       HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
+    if PHASE == 0:
+        _grid_barrier(Barrier, programs, spin_limit)
+    if (PHASE == 0 or PHASE == 3) and pid < o_items:
+        acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
+                                    o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0,
+                                    O_ONE_TILE)  # PLAIN input: the attention's output
+        _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3,
+                     O_SPLITS, BUMP, ROWS, O_BN, DOT, PDL, 1)  # ADD to the residual; the next kernel let launch
 
 
 @dataclass(frozen=True)
@@ -1216,6 +1328,41 @@ def folds_attention_into_qkv(options: FusedOptions, rows: int, chunks: int, qkv:
     KV head, ATTENTION_IN_QKV_MAX_ROWS rows at most, and QKV's tiles through registers (`_matvec`, not TMA)."""
     return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_QKV_MAX_ROWS
             and qkv.descriptor is None)
+
+
+def block_products(qkv: Product, o: Product, most: int) -> tuple[Product, Product] | None:
+    """QKV and O as the persistent block runs them: each K split as the rules plan it, or into fewer splits (the most
+    that divide K into whole tiles) until its programs are `most` at most; None where one cannot fit."""
+    fitted = []
+    for product in (qkv, o):
+        blocks = triton.cdiv(product.n, product.bn)
+        splits = [s for s in range(product.splits, 0, -1) if blocks * s <= most
+                  and (s == 1 or triton.cdiv(product.k, s) % product.bk == 0)]
+        if not splits:
+            return None
+        fitted.append(replace(product, splits=splits[0]))
+    return fitted[0], fitted[1]
+
+
+def block_programs(qkv: Product, o: Product, rows: int, kv_heads: int) -> int:
+    """The persistent block's grid: a program for each of QKV's and O's (block_products) and each (row, KV head)'s
+    attention, whichever are most."""
+    return max(qkv.grid[0] * qkv.grid[1], o.grid[0] * o.grid[1], rows * kv_heads)
+
+
+def folds_block(options: FusedOptions, rows: int, chunks: int, qkv: Product, o: Product, kv_heads: int,
+                sms: int) -> tuple[Product, Product] | None:
+    """QKV and O as the persistent block runs them (block_products), where a step runs each layer's QKV, attention and
+    O as one kernel: the attention folded, one chunk a KV head, BLOCK_MAX_ROWS rows at most, both products tiles
+    through registers alike (not TMA, sliced or prefetched), not fused.tune (which plans each kind on its own), and
+    every program resident at once on `sms` SMs at BLOCK_PROGRAMS_PER_SM an SM; else None."""
+    most = BLOCK_PROGRAMS_PER_SM * sms
+    alike = (qkv.dot, qkv.packed, qkv.warps) == (o.dot, o.packed, o.warps)
+    plain = all(p.descriptor is None and not p.prefetch_bytes and not (p.choice and p.choice.slices) for p in (qkv, o))
+    if not (options.fold_attention and not options.tune and chunks == 1 and rows <= BLOCK_MAX_ROWS and alike
+            and plain and rows * kv_heads <= most):
+        return None
+    return block_products(qkv, o, most)
 
 
 def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> list[int]:
@@ -1622,10 +1769,18 @@ class FusedDecoder:
                 self.layers = [replace(ours, mlp=plan_mlp(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight,
                                                           theirs.mlp.down_proj.weight, rows))
                                for ours, theirs in zip(self.layers, model.model.layers)]
+        first, device = self.layers[0], cache.layers[0].keys.device
+        sms = SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+        fitted = folds_block(options, rows, self._attention_splits(), first.qkv, first.o, self.kv_heads, sms)
+        self.block = fitted is not None  # each layer's QKV, attention and O in one persistent kernel
+        if self.block:
+            self.layers = [replace(layer, qkv=replace(layer.qkv, splits=fitted[0].splits),
+                                   o=replace(layer.o, splits=fitted[1].splits)) for layer in self.layers]
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
-        self.attention_in_o = folds_attention_into_o(options, rows, self.heads, self.kv_heads, self.attn_acc.shape[2])
-        self.attention_in_qkv = not self.attention_in_o and folds_attention_into_qkv(
+        self.attention_in_o = not self.block and folds_attention_into_o(options, rows, self.heads, self.kv_heads,
+                                                                        self.attn_acc.shape[2])
+        self.attention_in_qkv = not (self.block or self.attention_in_o) and folds_attention_into_qkv(
             options, rows, self.attn_acc.shape[2], self.layers[0].qkv)
         if self.attention_in_o:
             block = attention_o_block(self.hidden, self.kv_heads)
@@ -1684,10 +1839,9 @@ class FusedDecoder:
         self.attn_out = torch.zeros(rows, self.heads * self.head_dim, device=like.device, dtype=like.dtype)
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
-        if CHUNKS_BY_PREFIX:  # for the longest prefix the run decodes to
-            splits = attention_chunks(rows, self.kv_heads, self.longest_prefix)
-        else:  # for the cache's capacity
-            splits = splits_for(rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
+        splits = self._attention_splits()
+        # the persistent block's grid barrier: [count, generation] (_grid_barrier: never reset between steps)
+        self.barrier = torch.zeros(2, device=like.device, dtype=torch.int32)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
@@ -1697,9 +1851,16 @@ class FusedDecoder:
                                          device=like.device, dtype=torch.int32)
         self.qkv_counted = torch.zeros(self.kv_heads, device=like.device, dtype=torch.int32)
 
+    def _attention_splits(self) -> int:
+        """The attention's chunks a (row, KV head): for the longest prefix the run decodes to, or the cache's
+        capacity (CHUNKS_BY_PREFIX)."""
+        if CHUNKS_BY_PREFIX:
+            return attention_chunks(self.rows, self.kv_heads, self.longest_prefix)
+        return splits_for(self.rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
+
     def kernels_per_step(self) -> int:
         folded = self.attention_in_o or self.attention_in_qkv
-        per_layer = (4 if folded else 5 if self.options.fold_attention else 7) - self.mlp_in_one
+        per_layer = (3 if self.block else 4 if folded else 5 if self.options.fold_attention else 7) - self.mlp_in_one
         return per_layer * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
@@ -1746,7 +1907,11 @@ class FusedDecoder:
 
     def _attention_block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
         """QKV, the attention and O, added to the residual stream: three launches, or two where the attention is
-        folded into QKV's tail or into O, or five where it is not folded at all."""
+        folded into QKV's tail or into O, one where all three run as the persistent block, or five where the attention
+        is not folded at all."""
+        if self.block:
+            self._block(layer, kv, position, x, source, bump)
+            return
         if self.attention_in_qkv:
             self._qkv_attention(layer, kv, position, x, source)
             self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
@@ -1768,6 +1933,30 @@ class FusedDecoder:
                        APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(), FENCE=not interpreted(),
                        **held_to(QKV_ATTENTION_REGISTERS))
         self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm, attention=(arguments, options))
+
+    def _block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
+        """QKV, the attention and O in one persistent kernel (BLOCK_MAX_ROWS); in Triton's interpreter, which runs one
+        program after another (no barrier could open), the kernel's three phases as three launches."""
+        keys, values, qkv, o = kv.keys, kv.values, layer.qkv, layer.o
+        programs = block_programs(qkv, o, self.rows, self.kv_heads)
+        arguments = (x, x.stride(0), self.residual, self.input_ids, layer.attn_norm, qkv.weight, self.qkv_parts,
+                     self.squares, o.weight, self.attn_out, position if bump is None else bump, position, self.cos,
+                     self.sin, *self._head_norms(layer, self.cos), keys, values, self.barrier, self.rows, self.hidden,
+                     qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles, o.k, triton.cdiv(o.k, o.splits), o.k_tiles,
+                     self.eps, self.scale, *keys.stride()[:3], *values.stride()[:3], self.attn_out.stride(0),
+                     BARRIER_SPIN_LIMIT)
+        padded = triton.next_power_of_2(self.rows)
+        options = dict(INPUT=source, ROWS=max(16, padded) if qkv.dot else padded, QKV_BN=qkv.bn, QKV_BK=qkv.bk,
+                       QKV_SPLITS=qkv.splits, QKV_ONE_TILE=qkv.one_tile, O_BN=o.bn, O_BK=o.bk, O_SPLITS=o.splits,
+                       O_ONE_TILE=o.one_tile, PACKED=qkv.packed, DOT=qkv.dot, BUMP=bump is not None, HEADS=self.heads,
+                       KV_HEADS=self.kv_heads, GROUP_PAD=self.group_pad, D=self.head_dim, BLOCK_N=ATTN_BLOCK_N,
+                       QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
+                       IEEE=keys.dtype == torch.float32 or interpreted(), num_warps=qkv.warps)
+        if interpreted():
+            for phase in (1, 2, 3):
+                _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
+        else:
+            _attention_block[(programs,)](*arguments, PHASE=0, **options, **self._launch(), **held_to(BLOCK_REGISTERS))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         if self.options.fold_attention:
@@ -1845,7 +2034,7 @@ class FusedDecoder:
         kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
         first, second = (layer.mlp.pair, layer.mlp.down) if layer.mlp else (layer.gate_up.weight, layer.down.weight)
         if (not (self.options.weights_ahead and self.options.fold_attention) or interpreted()
-                or self.attention_in_o or self.attention_in_qkv  # (`_attention`, which asks, is not launched)
+                or self.attention_in_o or self.attention_in_qkv or self.block  # (`_attention`, which asks, unlaunched)
                 or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
                 or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None
@@ -1856,6 +2045,9 @@ class FusedDecoder:
 
     def attention_plan(self) -> str:
         """Where the step computes each layer's attention, as the run's `fused_plan` tag ends."""
+        if self.block:
+            programs = block_programs(self.layers[0].qkv, self.layers[0].o, self.rows, self.kv_heads)
+            return f"attention: with QKV and O in one persistent kernel of {programs} programs"
         if self.attention_in_qkv:
             return "attention: in QKV's tail, by the program counted last for each KV head"
         if self.attention_in_o:
