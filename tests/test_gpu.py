@@ -284,6 +284,25 @@ def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_
     assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
 
 
+def test_the_persistent_block_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch):
+    """Each layer's QKV, attention and O as one persistent kernel (BLOCK_MAX_ROWS, off by default) on the GPU: its
+    programs all resident, two grid barriers a layer (counts released and acquired across SMs, each thread fenced),
+    captured with PDL and verified against fp32 at bs 1 and 2, the plan saying so and three kernels a layer; a lost
+    K/V append inside it fails the run."""
+    from harness.kernels import fused_decode
+
+    monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
+    for bs in (1, 2):
+        result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
+        assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+        assert "; attention: with QKV and O in one persistent kernel of " in result.mode_tags["fused_plan"], \
+            result.mode_tags["fused_plan"]
+        assert result.metrics["kernel_launches_per_step"] == 3 * 28 + 1  # Qwen3-0.6B's 28 layers, and lm_head
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "kv_append_lost")
+    faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
+    assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
+
+
 def test_the_mlp_in_one_kernel_decodes_within_fp32_fidelity_alone_and_with_the_attention_in_qkvs_tail(monkeypatch):
     """The MLP in one kernel (MLP_IN_ONE_MAX_ROWS, off by default) on the H200: gate/up's columns and their share of
     down added atomically into the next layer's residual buffer, one launch a layer fewer, captured with PDL and

@@ -251,7 +251,7 @@ QKV_ATTENTION_REGISTERS = 64
 BLOCK_MAX_ROWS = 0
 BLOCK_PROGRAMS_PER_SM = 2
 BLOCK_REGISTERS = 128
-BARRIER_SPIN_LIMIT = 1 << 22
+BARRIER_SPIN_LIMIT = 1 << 20  # about a second of polls, where a phase takes microseconds
 # Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
 # kernel `_mlp`): each program takes a slice of the intermediate's columns (mlp_columns), computes gate and up for them
 # from the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of
