@@ -252,6 +252,8 @@ BLOCK_MAX_ROWS = 0
 BLOCK_PROGRAMS_PER_SM = 2
 BLOCK_REGISTERS = 128
 BARRIER_SPIN_LIMIT = 1 << 20  # about a second of polls, where a phase takes microseconds
+BARRIER_POLL_SLEEP_NS = 0  # between a barrier's polls (0: none)
+BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of int32) past its count
 # Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
 # kernel `_mlp`): each program takes a slice of the intermediate's columns (mlp_columns), computes gate and up for them
 # from the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of
@@ -1086,26 +1088,38 @@ def _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, row
 
 
 @triton.jit
-def _grid_barrier(Barrier, programs, spin_limit):
-    """Wait until all `programs` of the grid have arrived (every one resident: the caller's promise). Barrier holds
-    [count, generation]: the last to arrive sets the count back to 0 and advances the generation (released at the
-    GPU's scope), the others poll the generation they read before arriving (acquired), so that the next barrier, or
-    the next step's, starts from a count of 0 with nothing reset between. Past spin_limit polls a program goes on
-    (wrong sums, never a GPU hung). Every thread then fences at the GPU's scope: its loads of what other SMs stored
-    before arriving are not served by a stale line in this SM's L1."""
+def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr):
+    """Wait until all `programs` of the grid have arrived (every one resident: the caller's promise). Barrier holds the
+    count at [0] and the generation at [BARRIER_GENERATION_AT] (another 128-byte line of L2, so that the polls do not
+    queue behind the arrivals): the last to arrive sets the count back to 0 and advances the generation (released at
+    the GPU's scope), the others poll the generation they read before arriving with plain loads from L2 (volatile:
+    never an L1 line), SLEEP_NS apart where > 0, so that the next barrier, or the next step's, starts from a count of
+    0 with nothing reset between. Past spin_limit polls a program goes on (wrong sums, never a GPU hung). Every thread
+    then fences at the GPU's scope (with the polled load, an acquire): its loads of what other SMs stored before
+    arriving are not served by a stale line in this SM's L1."""
     tl.debug_barrier()  # every thread's stores before the arrival (released at the GPU's scope) says so
-    generation = tl.atomic_add(Barrier + 1, 0, sem="acquire", scope="gpu")
+    at = Barrier + 32  # BARRIER_GENERATION_AT
+    generation = tl.load(at, volatile=True)
     arrived = tl.atomic_add(Barrier, 1, sem="acq_rel", scope="gpu")
     if arrived == programs - 1:
         tl.atomic_xchg(Barrier, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(Barrier + 1, 1, sem="release", scope="gpu")
+        tl.atomic_add(at, 1, sem="release", scope="gpu")
     else:
         seen, spins = generation, 0
         while (seen == generation) & (spins < spin_limit):
-            seen = tl.atomic_add(Barrier + 1, 0, sem="acquire", scope="gpu")
+            if SLEEP_NS > 0:
+                _sleep(SLEEP_NS)
+            seen = tl.load(at, volatile=True)
             spins += 1
     _acquire_at_gpu_scope()
     tl.debug_barrier()
+
+
+@triton.jit
+def _sleep(NS: tl.constexpr):
+    """nanosleep in every thread (inline PTX: a GPU only): a poll's backoff."""
+    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [tl.full([32], NS, tl.int32)],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -1127,7 +1141,8 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                      O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
                      BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-                     APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr):
+                     APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr,
+                     SLEEP_NS: tl.constexpr = 0):
     """A layer's QKV product (normed partial sums, as `_matvec`'s), its attention (one program a row and KV head, one
     chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS):
     a grid barrier between them, each program's first tile of O loaded before the first. PHASE 0 runs all three; 1, 2
@@ -1153,7 +1168,7 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
     if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
         wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
     if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit)
+        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS)
     if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:
         pos = tl.load(Pos, cache_modifier=".cg")
         cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
@@ -1161,7 +1176,7 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                        eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid // KV_HEADS, pid % KV_HEADS,
                        HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
     if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit)
+        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS)
     if (PHASE == 0 or PHASE == 3) and pid < o_items:
         acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
                                     o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0,
@@ -1840,8 +1855,8 @@ class FusedDecoder:
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
         splits = self._attention_splits()
-        # the persistent block's grid barrier: [count, generation] (_grid_barrier: never reset between steps)
-        self.barrier = torch.zeros(2, device=like.device, dtype=torch.int32)
+        # the persistent block's grid barrier: its count, and its generation a line on (_grid_barrier: never reset)
+        self.barrier = torch.zeros(2 * BARRIER_GENERATION_AT, device=like.device, dtype=torch.int32)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
@@ -1956,7 +1971,8 @@ class FusedDecoder:
             for phase in (1, 2, 3):
                 _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
         else:
-            _attention_block[(programs,)](*arguments, PHASE=0, **options, **self._launch(), **held_to(BLOCK_REGISTERS))
+            _attention_block[(programs,)](*arguments, PHASE=0, SLEEP_NS=BARRIER_POLL_SLEEP_NS, **options, **self._launch(),
+                                          **held_to(BLOCK_REGISTERS))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         if self.options.fold_attention:
