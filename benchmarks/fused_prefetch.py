@@ -360,14 +360,17 @@ QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
 # `--set persistent`: each layer's QKV, attention and O as one persistent kernel (a grid barrier where a kernel ended,
 # O's first tiles loaded before it), against the default's three launches, at one row or up to 8: two programs an SM
-# or one (fewer K splits), the barrier's polls back to back or 100 ns apart, and the registers a thread held to 128
-# (none spilled), 96 or 64 (16 and 224 bytes spilled: more room beside it for the kernels before and after, under PDL)
+# or one (fewer K splits), the barrier's polls back to back or 100 ns apart, atomic reads or volatile loads, and the
+# registers a thread held to 128 (none spilled), 96 or 64 (16 and 224 bytes spilled: more room beside it for the
+# kernels before and after, under PDL)
 PERSISTENT_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
                        ("QKV, attention and O as one persistent kernel", [], dict(BLOCK_MAX_ROWS=8)),
                        ("one persistent kernel, 1 program an SM", [], dict(BLOCK_MAX_ROWS=8,
                                                                              BLOCK_PROGRAMS_PER_SM=1)),
                        ("one persistent kernel, polls 100 ns apart", [], dict(BLOCK_MAX_ROWS=8,
                                                                                BARRIER_POLL_SLEEP_NS=100)),
+                       ("one persistent kernel, polls by volatile loads", [], dict(BLOCK_MAX_ROWS=8,
+                                                                                    BARRIER_POLL_ATOMIC=False)),
                        ("one persistent kernel, 96 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=96)),
                        ("one persistent kernel, 64 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=64))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
@@ -394,7 +397,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT",
     "QKV_ONE_AN_SM_MAX_ROWS", "BLOCK_MAX_ROWS", "BLOCK_PROGRAMS_PER_SM", "BLOCK_REGISTERS",
-    "BARRIER_POLL_SLEEP_NS")}
+    "BARRIER_POLL_SLEEP_NS", "BARRIER_POLL_ATOMIC")}
 
 
 def set_constants(constants: dict) -> None:

@@ -253,7 +253,14 @@ BLOCK_PROGRAMS_PER_SM = 2
 BLOCK_REGISTERS = 128
 BARRIER_SPIN_LIMIT = 1 << 20  # about a second of polls, where a phase takes microseconds
 BARRIER_POLL_SLEEP_NS = 0  # between a barrier's polls (0: none)
+# Each poll an atomic read, not a volatile load: paired on two H100s, the block with loads took 13.1% longer than the
+# three launches on Llama-3.2-1B at the study's workload, with atomic reads 6.6% (another H100)
+BARRIER_POLL_ATOMIC = True
 BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of int32) past its count
+# A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
+# program of the persistent block records the GPU's global timer (ns) at its start, its PDL wait, QKV's end, the first
+# barrier, the attention's end, the second barrier and its end; None in a run
+BLOCK_TIMES = None
 # Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
 # kernel `_mlp`): each program takes a slice of the intermediate's columns (mlp_columns), computes gate and up for them
 # from the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of
@@ -1088,18 +1095,18 @@ def _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, row
 
 
 @triton.jit
-def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr):
+def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr):
     """Wait until all `programs` of the grid have arrived (every one resident: the caller's promise). Barrier holds the
     count at [0] and the generation at [BARRIER_GENERATION_AT] (another 128-byte line of L2, so that the polls do not
     queue behind the arrivals): the last to arrive sets the count back to 0 and advances the generation (released at
-    the GPU's scope), the others poll the generation they read before arriving with plain loads from L2 (volatile:
-    never an L1 line), SLEEP_NS apart where > 0, so that the next barrier, or the next step's, starts from a count of
-    0 with nothing reset between. Past spin_limit polls a program goes on (wrong sums, never a GPU hung). Every thread
-    then fences at the GPU's scope (with the polled load, an acquire): its loads of what other SMs stored before
-    arriving are not served by a stale line in this SM's L1."""
+    the GPU's scope), the others poll the generation they read before arriving, SLEEP_NS apart where > 0, so that the
+    next barrier, or the next step's, starts from a count of 0 with nothing reset between. ATOMIC: each poll an
+    atomic read (acquire); else a plain load from L2 (volatile: never an L1 line). Past spin_limit polls a program
+    goes on (wrong sums, never a GPU hung). Every thread then fences at the GPU's scope (with a polled load, an
+    acquire): its loads of what other SMs stored before arriving are not served by a stale line in this SM's L1."""
     tl.debug_barrier()  # every thread's stores before the arrival (released at the GPU's scope) says so
     at = Barrier + 32  # BARRIER_GENERATION_AT
-    generation = tl.load(at, volatile=True)
+    generation = _poll(at, ATOMIC)
     arrived = tl.atomic_add(Barrier, 1, sem="acq_rel", scope="gpu")
     if arrived == programs - 1:
         tl.atomic_xchg(Barrier, 0, sem="relaxed", scope="gpu")
@@ -1109,10 +1116,19 @@ def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr):
         while (seen == generation) & (spins < spin_limit):
             if SLEEP_NS > 0:
                 _sleep(SLEEP_NS)
-            seen = tl.load(at, volatile=True)
+            seen = _poll(at, ATOMIC)
             spins += 1
     _acquire_at_gpu_scope()
     tl.debug_barrier()
+
+
+@triton.jit
+def _poll(at, ATOMIC: tl.constexpr):
+    """The value at `at`, read from L2: an atomic read (acquire, at the GPU's scope), or a volatile load."""
+    if ATOMIC:
+        return tl.atomic_add(at, 0, sem="acquire", scope="gpu")
+    else:
+        return tl.load(at, volatile=True)
 
 
 @triton.jit
@@ -1120,6 +1136,15 @@ def _sleep(NS: tl.constexpr):
     """nanosleep in every thread (inline PTX: a GPU only): a poll's backoff."""
     tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [tl.full([32], NS, tl.int32)],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _mark(Times, pid, place, TIMED: tl.constexpr):
+    """Where TIMED, the GPU's global timer (ns) at this place of the program, stored by its first thread."""
+    if TIMED:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tl.zeros([1], tl.int32)],
+                                        dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(Times + pid * 8 + place + tl.arange(0, 1), now)
 
 
 @triton.jit
@@ -1142,7 +1167,8 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                      BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                      APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr,
-                     SLEEP_NS: tl.constexpr = 0):
+                     SLEEP_NS: tl.constexpr = 0, POLL_ATOMIC: tl.constexpr = True, Times=None,
+                     TIMED: tl.constexpr = False):
     """A layer's QKV product (normed partial sums, as `_matvec`'s), its attention (one program a row and KV head, one
     chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS):
     a grid barrier between them, each program's first tile of O loaded before the first. PHASE 0 runs all three; 1, 2
@@ -1150,11 +1176,13 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
     open: the three are then three launches). The next kernel is let launch once O's loop is done, past both
     barriers, so that none of its programs can take the place of one of this kernel's not yet resident."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
+    _mark(Times, pid, 0, TIMED)
     if PHASE < 2:  # QKV, as `_matvec` with PARTIALS and the norm (nothing to do past its programs)
         pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, tl.cdiv(qkv_n, QKV_BN) * QKV_SPLITS - 1), qkv_n,
                                                    hidden, qkv_k_per_split, QKV_BN)
         w = _weight_tile(Wqkv, pid_n, k_start, k_end, qkv_n, hidden, qkv_k_tiles, QKV_BN, QKV_BK, PACKED)
         _pdl_wait(PDL)
+        _mark(Times, pid, 1, TIMED)
         if pid < tl.cdiv(qkv_n, QKV_BN) * QKV_SPLITS:
             acc, squares = _weight_loop(w, X, x_row, Residual, Ids, Gain, Wqkv, rows, k_start, k_end, hidden, qkv_n,
                                         qkv_k_tiles, pid_n, 0, INPUT, True, ROWS, QKV_BN, QKV_BK, PACKED, DOT, False,
@@ -1163,26 +1191,31 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                          0, QKV_SPLITS, False, ROWS, QKV_BN, DOT, PDL, -1)  # PARTIALS; the next kernel not let launch
     else:
         _pdl_wait(PDL)
+    _mark(Times, pid, 2, TIMED)
     o_items = tl.cdiv(hidden, O_BN) * O_SPLITS
     on, ok, o_start, o_end = _block_item(tl.minimum(pid, o_items - 1), hidden, o_k, o_k_per_split, O_BN)
     if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
         wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
     if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS)
+        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, POLL_ATOMIC)
+    _mark(Times, pid, 3, TIMED)
     if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:
         pos = tl.load(Pos, cache_modifier=".cg")
         cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
         _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, AttnOut, pos, o_row, rows, qkv_n, hidden,
                        eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid // KV_HEADS, pid % KV_HEADS,
                        HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
+    _mark(Times, pid, 4, TIMED)
     if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS)
+        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, POLL_ATOMIC)
+    _mark(Times, pid, 5, TIMED)
     if (PHASE == 0 or PHASE == 3) and pid < o_items:
         acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
                                     o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0,
                                     O_ONE_TILE)  # PLAIN input: the attention's output
         _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3,
                      O_SPLITS, BUMP, ROWS, O_BN, DOT, PDL, 1)  # ADD to the residual; the next kernel let launch
+    _mark(Times, pid, 6, TIMED)
 
 
 @dataclass(frozen=True)
@@ -1971,7 +2004,9 @@ class FusedDecoder:
             for phase in (1, 2, 3):
                 _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
         else:
-            _attention_block[(programs,)](*arguments, PHASE=0, SLEEP_NS=BARRIER_POLL_SLEEP_NS, **options, **self._launch(),
+            _attention_block[(programs,)](*arguments, PHASE=0, SLEEP_NS=BARRIER_POLL_SLEEP_NS,
+                                          POLL_ATOMIC=BARRIER_POLL_ATOMIC, Times=BLOCK_TIMES,
+                                          TIMED=BLOCK_TIMES is not None, **options, **self._launch(),
                                           **held_to(BLOCK_REGISTERS))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
