@@ -245,16 +245,20 @@ QKV_ATTENTION_REGISTERS = 64
 # every program resident at once: BLOCK_PROGRAMS_PER_SM of them an SM at most (their registers held to
 # BLOCK_REGISTERS a thread), QKV's and O's K splits halved until their programs fit (block_products). A barrier that
 # polls BARRIER_SPIN_LIMIT times gives up (the step's sums are then wrong and the run fails verification) rather
-# than hanging the GPU. The public microbenchmark of the idea here (benchmarks/persistent_chain.py): a grid barrier
-# with the next product's rows loaded cost 0.77 µs less than a PDL launch. `--set persistent` pairs it with the
-# default; off (0) until it pays in the step.
+# than hanging the GPU. Off (0): paired (docs/benchmarks.md, "QKV, attention and O as one persistent kernel"),
+# Llama-3.2-1B's step at the study's workload took 7.3% longer on an H200 (GPU-63ab24f2) and 6.6% on an H100,
+# Qwen3-1.7B's 7.0% (H100), Qwen3-0.6B's at context 1024 the same (+0.0%, two H100s). Each program's phases, timed
+# by the GPU's global timer (benchmarks/block_phases.py, the H200): QKV 4.96 µs, the attention 3.81, O 2.30, each
+# faster than its own kernel, but each barrier held the grid 1.95 and 1.50 µs after its last arrival (256 programs
+# counted in on one address and polling one), and the block took 17.4 µs where the three kernels take less with
+# PDL. `python benchmarks/fused_prefetch.py --set persistent` pairs its variants with the default.
 BLOCK_MAX_ROWS = 0
 BLOCK_PROGRAMS_PER_SM = 2
 BLOCK_REGISTERS = 128
 BARRIER_SPIN_LIMIT = 1 << 20  # about a second of polls, where a phase takes microseconds
 BARRIER_POLL_SLEEP_NS = 0  # between a barrier's polls (0: none)
-# Each poll an atomic read, not a volatile load: paired on two H100s, the block with loads took 13.1% longer than the
-# three launches on Llama-3.2-1B at the study's workload, with atomic reads 6.6% (another H100)
+# Each poll an atomic read, not a volatile load: paired on one H200, the block with loads took 16.4% longer than the
+# three launches on Llama-3.2-1B at the study's workload, with atomic reads 7.3%
 BARRIER_POLL_ATOMIC = True
 BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of int32) past its count
 # A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
