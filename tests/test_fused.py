@@ -198,6 +198,24 @@ def test_the_persistent_block_runs_only_where_asked_and_fits_its_programs_on_the
     assert fused_decode.block_products(product(3072, 3), o, 200)[0].splits == 2
 
 
+def test_the_block_phases_benchmark_reads_each_phase_and_each_barriers_hold_from_the_programs_times(monkeypatch):
+    """benchmarks/block_phases.py from two replays of four programs' timer readings (ns), two of them attending: each
+    phase's median over the programs that run it (the attention's over its two alone), each barrier's span from its
+    last arrival to its first program past it, and the grid's spans."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import block_phases
+
+    # places: start, PDL wait, QKV done, barrier 1 passed, attention done, barrier 2 passed, O done
+    one = torch.tensor([[0, 100, 1100, 3000, 6000, 7000, 9000], [0, 100, 1300, 3000, 7000, 7100, 9100],
+                        [200, 300, 2000, 3100, 3100, 7200, 9000], [200, 300, 1500, 3000, 3000, 7000, 9500]])
+    spans = {what: pytest.approx(us) for what, us in block_phases.phases([one, one + 1000], 4, 2)}
+    assert spans["PDL wait -> QKV done (median a program)"] == 1.2  # 1.0, 1.2, 1.7, 1.2 µs
+    assert spans["barrier 1 passed -> attention done (median a program)"] == 3.5  # programs 0 and 1 alone: 3.0, 4.0
+    assert spans["barrier 1: its last arrival to its first program past it"] == 1.0  # 3000 - 2000
+    assert spans["barrier 2: its last arrival to its first program past it"] == 0.0  # 7000 - 7000
+    assert spans["first start to last end"] == 9.5 and spans["first start to barrier 1's last arrival"] == 2.0
+
+
 def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its_barrier_needs():
     """The grid barrier opens only if every program of the block is resident at once: compiled for sm_90 (Triton's
     ahead-of-time compiler) with Llama-3.2-1B's and Qwen3-0.6B's plans at bs=1, on BLOCK_REGISTERS a thread, an SM
