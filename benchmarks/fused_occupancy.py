@@ -127,7 +127,7 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
 
 BLOCK_POINTERS = dict(X="*fp32", Residual="*fp32", Ids="*i64", Gain="*bf16", Wqkv="*bf16", Parts="*fp32",
                       Squares="*fp32", Wo="*bf16", AttnOut="*bf16", Bump="*i64", Pos="*i64", Cos="*fp32", Sin="*fp32",
-                      QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", Barrier="*i32")
+                      QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", Barrier="*i32", Times="*i64")
 
 
 def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: int) -> dict:
@@ -147,7 +147,9 @@ def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: 
                      GROUP_PAD=max(16, triton.next_power_of_2(model_cfg.num_attention_heads
                                                               // model_cfg.num_key_value_heads)),
                      D=model_cfg.head_dim, BLOCK_N=fused_decode.ATTN_BLOCK_N, QK_NORM=model_cfg.model_type == "qwen3",
-                     ROPE_SHIFT=0, APPEND=True, IEEE=False, PHASE=0, PDL=True)
+                     ROPE_SHIFT=0, APPEND=True, IEEE=False, PHASE=0, PDL=True,
+                     SLEEP_NS=fused_decode.BARRIER_POLL_SLEEP_NS, POLL_ATOMIC=fused_decode.BARRIER_POLL_ATOMIC,
+                     TIMED=False)
     integers = [name for name in kernel.arg_names if name not in BLOCK_POINTERS and name not in constants]
     signature = {**BLOCK_POINTERS, **{name: "fp32" if name in ("eps", "scale") else "i32" for name in integers},
                  **dict.fromkeys(constants, "constexpr")}

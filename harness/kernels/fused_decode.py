@@ -992,12 +992,13 @@ def _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, O
                     scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head, HEADS: tl.constexpr,
                     KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
                     BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr,
-                    IEEE: tl.constexpr):
+                    IEEE: tl.constexpr, only_row=None):
     """Each row's attention for the KV head's group over the whole valid prefix [0, pos], one chunk as `_attention`'s
-    (the new K/V appended first), stored for the O product."""
+    (the new K/V appended first), stored for the O product; `only_row`'s alone where given."""
     pos = tl.load(Pos, cache_modifier=".cg")
     cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
-    for row in range(rows):
+    first, last = (0, rows) if only_row is None else (only_row, only_row + 1)
+    for row in range(first, last):
         _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, Out, pos, o_row, rows, n_total, hidden,
                        eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, HEADS, KV_HEADS,
                        GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
@@ -1162,6 +1163,36 @@ def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr):
 
 
 @triton.jit
+def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, PHASE: tl.constexpr, SLEEP_NS: tl.constexpr,
+                   ATOMIC: tl.constexpr, TIMED: tl.constexpr):
+    """The persistent block's grid barrier where it runs all its phases (PHASE 0), timed at `place` (the arrival)
+    and place + 1 (past it) where TIMED."""
+    _mark(Times, pid, place, TIMED)
+    if PHASE == 0:
+        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, ATOMIC)
+    _mark(Times, pid, place + 1, TIMED)
+
+
+@triton.jit
+def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, n_total, k_per_split, k_tiles,
+               eps, pid, INPUT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               SPLITS: tl.constexpr, ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
+               PDL: tl.constexpr, Times, TIMED: tl.constexpr):
+    """The persistent block's QKV: program `pid`'s share as `_matvec`'s (the norm, PARTIALS), its first tile loaded
+    before the PDL wait; nothing past the product's programs but the wait. The next kernel is not let launch."""
+    items = tl.cdiv(n_total, BN) * SPLITS
+    pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, items - 1), n_total, hidden, k_per_split, BN)
+    w = _weight_tile(Wqkv, pid_n, k_start, k_end, n_total, hidden, k_tiles, BN, BK, PACKED)
+    _pdl_wait(PDL)
+    _mark(Times, pid, 1, TIMED)
+    if pid < items:
+        acc, squares = _weight_loop(w, X, x_row, Residual, Ids, Gain, Wqkv, rows, k_start, k_end, hidden, n_total,
+                                    k_tiles, pid_n, 0, INPUT, True, ROWS, BN, BK, PACKED, DOT, False, 0, ONE_TILE)
+        _product_out(acc, squares, Parts, Squares, Bump, rows, n_total, n_total, hidden, eps, pid_n, pid_k, True, 0,
+                     SPLITS, False, ROWS, BN, DOT, PDL, -1)
+
+
+@triton.jit
 def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, AttnOut, Bump, Pos, Cos, Sin, QNorm,
                      KNorm, Keys, Values, Barrier, rows, hidden, qkv_n, qkv_k_per_split, qkv_k_tiles, o_k,
                      o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row,
@@ -1174,51 +1205,32 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                      SLEEP_NS: tl.constexpr = 0, POLL_ATOMIC: tl.constexpr = True, Times=None,
                      TIMED: tl.constexpr = False):
     """A layer's QKV product (normed partial sums, as `_matvec`'s), its attention (one program a row and KV head, one
-    chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS):
-    a grid barrier between them, each program's first tile of O loaded before the first. PHASE 0 runs all three; 1, 2
-    or 3 only that one, with no barrier (Triton's interpreter runs one program after another, and no barrier could
-    open: the three are then three launches). The next kernel is let launch once O's loop is done, past both
-    barriers, so that none of its programs can take the place of one of this kernel's not yet resident."""
+    chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS),
+    a grid barrier between them. PHASE 0 runs all three; 1, 2 or 3 only that one, with no barrier (Triton's
+    interpreter runs one program after another: no barrier could open, and the three are three launches)."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     _mark(Times, pid, 0, TIMED)
-    if PHASE < 2:  # QKV, as `_matvec` with PARTIALS and the norm (nothing to do past its programs)
-        pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, tl.cdiv(qkv_n, QKV_BN) * QKV_SPLITS - 1), qkv_n,
-                                                   hidden, qkv_k_per_split, QKV_BN)
-        w = _weight_tile(Wqkv, pid_n, k_start, k_end, qkv_n, hidden, qkv_k_tiles, QKV_BN, QKV_BK, PACKED)
-        _pdl_wait(PDL)
-        _mark(Times, pid, 1, TIMED)
-        if pid < tl.cdiv(qkv_n, QKV_BN) * QKV_SPLITS:
-            acc, squares = _weight_loop(w, X, x_row, Residual, Ids, Gain, Wqkv, rows, k_start, k_end, hidden, qkv_n,
-                                        qkv_k_tiles, pid_n, 0, INPUT, True, ROWS, QKV_BN, QKV_BK, PACKED, DOT, False,
-                                        0, QKV_ONE_TILE)
-            _product_out(acc, squares, Parts, Squares, Bump, rows, qkv_n, qkv_n, hidden, eps, pid_n, pid_k, True,
-                         0, QKV_SPLITS, False, ROWS, QKV_BN, DOT, PDL, -1)  # PARTIALS; the next kernel not let launch
+    if PHASE < 2:
+        _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, qkv_n, qkv_k_per_split,
+                   qkv_k_tiles, eps, pid, INPUT, ROWS, QKV_BN, QKV_BK, QKV_SPLITS, QKV_ONE_TILE, PACKED, DOT, PDL,
+                   Times, TIMED)
     else:
         _pdl_wait(PDL)
-    _mark(Times, pid, 2, TIMED)
     o_items = tl.cdiv(hidden, O_BN) * O_SPLITS
     on, ok, o_start, o_end = _block_item(tl.minimum(pid, o_items - 1), hidden, o_k, o_k_per_split, O_BN)
     if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
         wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
-    if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, POLL_ATOMIC)
-    _mark(Times, pid, 3, TIMED)
-    if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:
-        pos = tl.load(Pos, cache_modifier=".cg")
-        cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
-        _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, AttnOut, pos, o_row, rows, qkv_n, hidden,
-                       eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid // KV_HEADS, pid % KV_HEADS,
-                       HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
-    _mark(Times, pid, 4, TIMED)
-    if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, POLL_ATOMIC)
-    _mark(Times, pid, 5, TIMED)
-    if (PHASE == 0 or PHASE == 3) and pid < o_items:
+    _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, PHASE, SLEEP_NS, POLL_ATOMIC, TIMED)
+    if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head), as `_head_attention`
+        _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows, qkv_n, hidden,
+                        eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid % KV_HEADS, HEADS, KV_HEADS,
+                        GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE, pid // KV_HEADS)
+    _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, PHASE, SLEEP_NS, POLL_ATOMIC, TIMED)
+    if (PHASE == 0 or PHASE == 3) and pid < o_items:  # the attention's output (PLAIN input) times O, ADD-ed
         acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
-                                    o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0,
-                                    O_ONE_TILE)  # PLAIN input: the attention's output
+                                    o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
         _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3,
-                     O_SPLITS, BUMP, ROWS, O_BN, DOT, PDL, 1)  # ADD to the residual; the next kernel let launch
+                     O_SPLITS, BUMP, ROWS, O_BN, DOT, PDL, 1)  # launched past both barriers: all of ours resident
     _mark(Times, pid, 6, TIMED)
 
 
@@ -1817,17 +1829,8 @@ class FusedDecoder:
         # which residual buffer each layer's MLP adds into where it runs as one kernel (else the one, in place)
         self.mlp_adds_into = residual_buffers(len(self.layers)) if self.mlp_in_one else None
         if self.mlp_in_one:
-            with torch.no_grad():
-                self.layers = [replace(ours, mlp=plan_mlp(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight,
-                                                          theirs.mlp.down_proj.weight, rows))
-                               for ours, theirs in zip(self.layers, model.model.layers)]
-        first, device = self.layers[0], cache.layers[0].keys.device
-        sms = SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
-        fitted = folds_block(options, rows, self._attention_splits(), first.qkv, first.o, self.kv_heads, sms)
-        self.block = fitted is not None  # each layer's QKV, attention and O in one persistent kernel
-        if self.block:
-            self.layers = [replace(layer, qkv=replace(layer.qkv, splits=fitted[0].splits),
-                                   o=replace(layer.o, splits=fitted[1].splits)) for layer in self.layers]
+            self._plan_mlp_in_one()
+        self.block = self._fit_block()  # each layer's QKV, attention and O in one persistent kernel
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
         self.attention_in_o = not self.block and folds_attention_into_o(options, rows, self.heads, self.kv_heads,
@@ -1840,6 +1843,24 @@ class FusedDecoder:
                 self.layers = [replace(ours, o_groups=pack_o_groups(theirs.self_attn.o_proj.weight, block,
                                                                     self.kv_heads))
                                for ours, theirs in zip(self.layers, model.model.layers)]
+
+    def _plan_mlp_in_one(self) -> None:
+        """Each layer's gate/up and down as the MLP in one kernel reads them (plan_mlp)."""
+        with torch.no_grad():
+            self.layers = [replace(ours, mlp=plan_mlp(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight,
+                                                      theirs.mlp.down_proj.weight, self.rows))
+                           for ours, theirs in zip(self.layers, self.model.model.layers)]
+
+    def _fit_block(self) -> bool:
+        """Whether each layer's QKV, attention and O run as the persistent block (folds_block), and if so, the layers'
+        QKV and O split as it fits them to the programs this GPU holds at once."""
+        first, device = self.layers[0], self.cache.layers[0].keys.device
+        sms = SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+        fitted = folds_block(self.options, self.rows, self._attention_splits(), first.qkv, first.o, self.kv_heads, sms)
+        if fitted is not None:
+            self.layers = [replace(layer, qkv=replace(layer.qkv, splits=fitted[0].splits),
+                                   o=replace(layer.o, splits=fitted[1].splits)) for layer in self.layers]
+        return fitted is not None
 
     def _layer(self, layer) -> Layer:
         attn = layer.self_attn
