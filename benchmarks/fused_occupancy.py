@@ -139,17 +139,10 @@ def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: 
                                          fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS)
     assert fitted is not None, "the block's products do not fit its programs"
     qkv, o = fitted
-    kernel, padded = fused_decode._attention_block, triton.next_power_of_2(rows)
-    constants = dict(INPUT=fused_decode.PLAIN, ROWS=max(16, padded) if qkv.dot else padded, QKV_BN=qkv.bn,
-                     QKV_BK=qkv.bk, QKV_SPLITS=qkv.splits, QKV_ONE_TILE=qkv.one_tile, O_BN=o.bn, O_BK=o.bk,
-                     O_SPLITS=o.splits, O_ONE_TILE=o.one_tile, PACKED=qkv.packed, DOT=qkv.dot, BUMP=True,
-                     HEADS=model_cfg.num_attention_heads, KV_HEADS=model_cfg.num_key_value_heads,
-                     GROUP_PAD=max(16, triton.next_power_of_2(model_cfg.num_attention_heads
-                                                              // model_cfg.num_key_value_heads)),
-                     D=model_cfg.head_dim, BLOCK_N=fused_decode.ATTN_BLOCK_N, QK_NORM=model_cfg.model_type == "qwen3",
-                     ROPE_SHIFT=0, APPEND=True, IEEE=False, PHASE=0, PDL=True,
-                     SLEEP_NS=fused_decode.BARRIER_POLL_SLEEP_NS, POLL_ATOMIC=fused_decode.BARRIER_POLL_ATOMIC,
-                     TIMED=False)
+    kernel = fused_decode._attention_block
+    constants = dict(fused_decode.block_constants(qkv, o, rows, model_cfg.num_attention_heads,
+                                                  model_cfg.num_key_value_heads, model_cfg.head_dim,
+                                                  model_cfg.model_type == "qwen3"), PHASE=0, PDL=True, TIMED=False)
     integers = [name for name in kernel.arg_names if name not in BLOCK_POINTERS and name not in constants]
     signature = {**BLOCK_POINTERS, **{name: "fp32" if name in ("eps", "scale") else "i32" for name in integers},
                  **dict.fromkeys(constants, "constexpr")}

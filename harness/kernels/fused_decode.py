@@ -999,23 +999,11 @@ def _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, O
     cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
     first, last = (0, rows) if only_row is None else (only_row, only_row + 1)
     for row in range(first, last):
-        _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, Out, pos, o_row, rows, n_total, hidden,
-                       eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, HEADS, KV_HEADS,
-                       GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
-
-
-@triton.jit
-def _row_attention(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, Out, pos, o_row, rows, n_total, hidden, eps,
-                   scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, HEADS: tl.constexpr,
-                   KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-                   BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr):
-    """One row's attention for the KV head's group over the whole valid prefix [0, pos], one chunk as `_attention`'s
-    (the new K/V appended first), stored for the O product."""
-    acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
-                           scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, 0, pos.to(tl.int32) + 1,
-                           True, pos, pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE,
-                           True, False, False)
-    _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
+        acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
+                               scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, 0,
+                               pos.to(tl.int32) + 1, True, pos, pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
+                               BLOCK_N, QK_NORM, APPEND, IEEE, True, False, False)
+        _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
 
 
 @triton.jit
@@ -1100,9 +1088,10 @@ def _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, row
 
 
 @triton.jit
-def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr):
+def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
+                  GENERATION_AT: tl.constexpr):
     """Wait until all `programs` of the grid have arrived (every one resident: the caller's promise). Barrier holds the
-    count at [0] and the generation at [BARRIER_GENERATION_AT] (another 128-byte line of L2, so that the polls do not
+    count at [0] and the generation at [GENERATION_AT] (another 128-byte line of L2, so that the polls do not
     queue behind the arrivals): the last to arrive sets the count back to 0 and advances the generation (released at
     the GPU's scope), the others poll the generation they read before arriving, SLEEP_NS apart where > 0, so that the
     next barrier, or the next step's, starts from a count of 0 with nothing reset between. ATOMIC: each poll an
@@ -1110,7 +1099,7 @@ def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC:
     goes on (wrong sums, never a GPU hung). Every thread then fences at the GPU's scope (with a polled load, an
     acquire): its loads of what other SMs stored before arriving are not served by a stale line in this SM's L1."""
     tl.debug_barrier()  # every thread's stores before the arrival (released at the GPU's scope) says so
-    at = Barrier + 32  # BARRIER_GENERATION_AT
+    at = Barrier + GENERATION_AT
     generation = _poll(at, ATOMIC)
     arrived = tl.atomic_add(Barrier, 1, sem="acq_rel", scope="gpu")
     if arrived == programs - 1:
@@ -1164,12 +1153,12 @@ def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr):
 
 @triton.jit
 def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, PHASE: tl.constexpr, SLEEP_NS: tl.constexpr,
-                   ATOMIC: tl.constexpr, TIMED: tl.constexpr):
+                   ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr, TIMED: tl.constexpr):
     """The persistent block's grid barrier where it runs all its phases (PHASE 0), timed at `place` (the arrival)
     and place + 1 (past it) where TIMED."""
     _mark(Times, pid, place, TIMED)
     if PHASE == 0:
-        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, ATOMIC)
+        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, ATOMIC, GENERATION_AT)
     _mark(Times, pid, place + 1, TIMED)
 
 
@@ -1202,7 +1191,7 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                      BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                      APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr,
-                     SLEEP_NS: tl.constexpr = 0, POLL_ATOMIC: tl.constexpr = True, Times=None,
+                     SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr, Times=None,
                      TIMED: tl.constexpr = False):
     """A layer's QKV product (normed partial sums, as `_matvec`'s), its attention (one program a row and KV head, one
     chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS),
@@ -1220,12 +1209,12 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
     on, ok, o_start, o_end = _block_item(tl.minimum(pid, o_items - 1), hidden, o_k, o_k_per_split, O_BN)
     if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
         wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
-    _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, PHASE, SLEEP_NS, POLL_ATOMIC, TIMED)
+    _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, PHASE, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
     if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head), as `_head_attention`
         _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows, qkv_n, hidden,
                         eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid % KV_HEADS, HEADS, KV_HEADS,
                         GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE, pid // KV_HEADS)
-    _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, PHASE, SLEEP_NS, POLL_ATOMIC, TIMED)
+    _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, PHASE, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
     if (PHASE == 0 or PHASE == 3) and pid < o_items:  # the attention's output (PLAIN input) times O, ADD-ed
         acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
                                     o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
@@ -1412,6 +1401,25 @@ def block_programs(qkv: Product, o: Product, rows: int, kv_heads: int) -> int:
     """The persistent block's grid: a program for each of QKV's and O's (block_products) and each (row, KV head)'s
     attention, whichever are most."""
     return max(qkv.grid[0] * qkv.grid[1], o.grid[0] * o.grid[1], rows * kv_heads)
+
+
+def group_pad(heads: int, kv_heads: int) -> int:
+    """The query tile's rows for a KV head's group of heads: the MMA's least (16), or the group to a power of two."""
+    return max(16, triton.next_power_of_2(heads // kv_heads))
+
+
+def block_constants(qkv: Product, o: Product, rows: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool,
+                    input: int = PLAIN, bump: bool = True, rope_shift: int = 0, append: bool = True,
+                    ieee: bool = False) -> dict:
+    """`_attention_block`'s compile-time constants but PHASE, PDL and its timer's (FusedDecoder._block's launch;
+    benchmarks/fused_occupancy.py compiles the same), for QKV and O as block_products fits them."""
+    padded = triton.next_power_of_2(rows)
+    return dict(INPUT=input, ROWS=max(16, padded) if qkv.dot else padded, QKV_BN=qkv.bn, QKV_BK=qkv.bk,
+                QKV_SPLITS=qkv.splits, QKV_ONE_TILE=qkv.one_tile, O_BN=o.bn, O_BK=o.bk, O_SPLITS=o.splits,
+                O_ONE_TILE=o.one_tile, PACKED=qkv.packed, DOT=qkv.dot, BUMP=bump, HEADS=heads, KV_HEADS=kv_heads,
+                GROUP_PAD=group_pad(heads, kv_heads), D=head_dim, BLOCK_N=ATTN_BLOCK_N,
+                QK_NORM=qk_norm, ROPE_SHIFT=rope_shift, APPEND=append, IEEE=ieee, SLEEP_NS=BARRIER_POLL_SLEEP_NS,
+                POLL_ATOMIC=BARRIER_POLL_ATOMIC, GENERATION_AT=BARRIER_GENERATION_AT)
 
 
 def folds_block(options: FusedOptions, rows: int, chunks: int, qkv: Product, o: Product, kv_heads: int,
@@ -1811,8 +1819,7 @@ class FusedDecoder:
         self.model, self.options, self.cache, self.input_ids, self.rows = model, options, cache, input_ids, rows
         self.choices = dict(choices or {})  # each kind of product's plan where not the rules' (PlanChoice)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        # the query tile's rows for a KV head's group of heads: the MMA's least (16), or the group to a power of two
-        self.group_pad = max(16, triton.next_power_of_2(self.heads // self.kv_heads))
+        self.group_pad = group_pad(self.heads, self.kv_heads)
         self.head_dim = cache.layers[0].keys.shape[-1]
         self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
         self.scale = model.model.layers[0].self_attn.scaling
@@ -2018,21 +2025,16 @@ class FusedDecoder:
                      qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles, o.k, triton.cdiv(o.k, o.splits), o.k_tiles,
                      self.eps, self.scale, *keys.stride()[:3], *values.stride()[:3], self.attn_out.stride(0),
                      BARRIER_SPIN_LIMIT)
-        padded = triton.next_power_of_2(self.rows)
-        options = dict(INPUT=source, ROWS=max(16, padded) if qkv.dot else padded, QKV_BN=qkv.bn, QKV_BK=qkv.bk,
-                       QKV_SPLITS=qkv.splits, QKV_ONE_TILE=qkv.one_tile, O_BN=o.bn, O_BK=o.bk, O_SPLITS=o.splits,
-                       O_ONE_TILE=o.one_tile, PACKED=qkv.packed, DOT=qkv.dot, BUMP=bump is not None, HEADS=self.heads,
-                       KV_HEADS=self.kv_heads, GROUP_PAD=self.group_pad, D=self.head_dim, BLOCK_N=ATTN_BLOCK_N,
-                       QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
-                       IEEE=keys.dtype == torch.float32 or interpreted(), num_warps=qkv.warps)
+        options = dict(block_constants(qkv, o, self.rows, self.heads, self.kv_heads, self.head_dim,
+                                       layer.q_norm is not None, input=source, bump=bump is not None,
+                                       rope_shift=self.rope_shift, append=self.append,
+                                       ieee=keys.dtype == torch.float32 or interpreted()), num_warps=qkv.warps)
         if interpreted():
             for phase in (1, 2, 3):
                 _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
         else:
-            _attention_block[(programs,)](*arguments, PHASE=0, SLEEP_NS=BARRIER_POLL_SLEEP_NS,
-                                          POLL_ATOMIC=BARRIER_POLL_ATOMIC, Times=BLOCK_TIMES,
-                                          TIMED=BLOCK_TIMES is not None, **options, **self._launch(),
-                                          **held_to(BLOCK_REGISTERS))
+            _attention_block[(programs,)](*arguments, PHASE=0, Times=BLOCK_TIMES, TIMED=BLOCK_TIMES is not None,
+                                          **options, **self._launch(), **held_to(BLOCK_REGISTERS))
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         if self.options.fold_attention:
