@@ -29,6 +29,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set tma_first model=...   # what a TMA program copies before its PDL wait
     python benchmarks/fused_prefetch.py --set large_tiles model=...  # the large products' TMA tiles, K splits
     python benchmarks/fused_prefetch.py --set qkv_splits model=...  # QKV split for one program an SM (2048 wide)
+    python benchmarks/fused_prefetch.py --set persistent model=...  # QKV, attention and O as one persistent kernel
+    python benchmarks/fused_prefetch.py --set waits model=...       # that kernel's programs waiting for what they read
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -376,6 +378,14 @@ PERSISTENT_VARIANTS = [("QKV, attention and O as three launches (the default)", 
                                                                                     BARRIER_POLL_ATOMIC=False)),
                        ("one persistent kernel, 96 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=96)),
                        ("one persistent kernel, 64 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=64))]
+# `--set waits`: the persistent block with no grid barrier, each program waiting only for what it reads
+# (BLOCK_WAITS: the attention for its KV head's QKV programs, O for the attention of the heads it reads), against the
+# three launches and the block with its grid barriers; its polls by atomic reads or by volatile loads
+BLOCK = dict(BLOCK_MAX_ROWS=8)
+WAITS_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
+                  ("one persistent kernel, grid barriers", [], BLOCK),
+                  ("one persistent kernel, each program waiting for what it reads", [], dict(BLOCK, BLOCK_WAITS=True)),
+                  ("the same, polls by volatile loads", [], dict(BLOCK, BLOCK_WAITS=True, BARRIER_POLL_ATOMIC=False))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
@@ -385,7 +395,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
-        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS, "persistent": PERSISTENT_VARIANTS}
+        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS, "persistent": PERSISTENT_VARIANTS,
+        "waits": WAITS_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
@@ -400,7 +411,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT",
     "QKV_ONE_AN_SM_MAX_ROWS", "BLOCK_MAX_ROWS", "BLOCK_PROGRAMS_PER_SM", "BLOCK_REGISTERS",
-    "BARRIER_POLL_SLEEP_NS", "BARRIER_POLL_ATOMIC")}
+    "BARRIER_POLL_SLEEP_NS", "BARRIER_POLL_ATOMIC", "BLOCK_WAITS")}
 
 
 def set_constants(constants: dict) -> None:

@@ -151,13 +151,16 @@ def test_the_attention_in_qkvs_tail_computes_eager_logits_and_cache(family, cont
 
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
 @pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
-def test_the_persistent_block_computes_eager_logits_and_cache(family, context, monkeypatch):
+@pytest.mark.parametrize("waits", [False, True], ids=["grid-barriers", "waits-for-what-it-reads"])
+def test_the_persistent_block_computes_eager_logits_and_cache(family, context, waits, monkeypatch):
     """Each layer's QKV, attention and O as one persistent kernel (BLOCK_MAX_ROWS), its three phases launched one after
     another as Triton's interpreter runs it: the logits and the cache are eager's over prefixes of one block and of
     three, two rows, QKV in blocks narrower than a head and split over K (its programs mapped to column blocks and
     splits as `_matvec`'s grid), more programs than O has (those past O's do nothing there), at layer 0 from the
-    embedding rows."""
+    embedding rows. With each program waiting for what it reads (BLOCK_WAITS), every wait finds its count full and
+    every count is back at 0 after each step: as many arrivals and takers as the plan expects, for every layer."""
     monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
+    monkeypatch.setattr(fused_decode, "BLOCK_WAITS", waits)
     monkeypatch.setattr(fused_decode, "INTERPRETED_BN", 8)  # tiny's heads are 16 wide: two blocks a head
     cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
     eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
@@ -168,7 +171,7 @@ def test_the_persistent_block_computes_eager_logits_and_cache(family, context, m
     assert decoder.kernels_per_step() == 3 * len(decoder.layers) + 1
     programs = qkv.grid[0] * qkv.grid[1]
     assert decoder.attention_plan() == f"attention: with QKV and O in one persistent kernel of {programs} programs"
-    decode_like_eager(eager, run, decoder, 3)
+    decode_like_eager(eager, run, decoder, 3, after_each=lambda: _assert(not decoder.block_waits.any()))
     assert_same_cache(run, eager, context + 3, length=context + 3)
 
 
@@ -214,24 +217,43 @@ def test_the_block_phases_benchmark_reads_each_phase_and_each_barriers_hold_from
     assert spans["barrier 1: its last arrival to its first program past it"] == 1.0  # 3000 - 2000
     assert spans["barrier 2: its last arrival to its first program past it"] == 0.0  # 7000 - 7000
     assert spans["first start to last end"] == 9.5 and spans["first start to barrier 1's last arrival"] == 2.0
+    # each program waiting for what it reads: from the last arrival to the last program past its wait
+    waits = {what: pytest.approx(us) for what, us in block_phases.phases([one, one + 1000], 4, 2, waits=True)}
+    assert waits["barrier 1's waits: the last arrival to the last program past them"] == 1.1  # 3100 - 2000
+    assert waits["barrier 2's waits: the last arrival to the last program past them"] == 0.2  # 7200 - 7000
 
 
 def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its_barrier_needs():
-    """The grid barrier opens only if every program of the block is resident at once: compiled for sm_90 (Triton's
-    ahead-of-time compiler) with Llama-3.2-1B's and Qwen3-0.6B's plans at bs=1, on BLOCK_REGISTERS a thread, an SM
-    holds BLOCK_PROGRAMS_PER_SM of its programs, and its grid fits a 132-SM GPU."""
+    """The grid barrier, or the waits for what each program reads, open only if every program of the block is
+    resident at once: compiled for sm_90 (Triton's ahead-of-time compiler) with Llama-3.2-1B's and Qwen3-0.6B's plans
+    at bs=1, either way, on BLOCK_REGISTERS a thread, an SM holds BLOCK_PROGRAMS_PER_SM of its programs, and its grid
+    fits a 132-SM GPU."""
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as f\n"
               "from harness.cli.precheck import compose_single_run\n"
+              "from harness.kernels import fused_decode\n"
               "from harness.kernels.fused_decode import FusedOptions\n"
               "out = {}\n"
-              "for m in ('llama-3.2-1b', 'qwen3-0.6b'):\n"
+              "for m, waits in (('llama-3.2-1b', False), ('qwen3-0.6b', False), ('llama-3.2-1b', True)):\n"
+              "    fused_decode.BLOCK_WAITS = waits\n"
               "    model = compose_single_run(['mode=fused', 'model=' + m]).model\n"
-              "    out[m] = f.block_resources(model, f.step_products(model, 1, FusedOptions()), 1)\n"
+              "    out[f'{m} waits={waits}'] = f.block_resources(model, f.step_products(model, 1, FusedOptions()), 1)\n"
               "print(json.dumps(out))")
     for model, block in json.loads(compiled_for_the_gpu(script).splitlines()[-1]).items():
         assert block["registers"] <= fused_decode.BLOCK_REGISTERS, (model, block)
         assert block["per_sm"] >= fused_decode.BLOCK_PROGRAMS_PER_SM, (model, block)
         assert block["programs"] <= fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS, (model, block)
+
+
+def test_each_kv_heads_o_readers_are_the_o_programs_whose_k_split_holds_its_groups_outputs():
+    """o_head_readers on Llama-3.2-1B's O (2048 columns in 32 blocks of 64; K, the attention's output, in groups of
+    four heads of 64: 256 columns a KV head): split 8 ways, each split one head's group; 4 ways, two groups a split;
+    3 ways (683 columns), a split's edge inside heads 2 and 5's groups, which two splits read; unsplit, every head."""
+    o = lambda splits: fused_decode.Product(torch.empty(0), 2048, 2048, 64, 128, splits, True, True)
+    assert fused_decode.o_head_readers(o(8), 32, 8, 64) == [32] * 8
+    assert fused_decode.o_head_readers(o(4), 32, 8, 64) == [32] * 8
+    assert fused_decode.o_head_readers(o(3), 32, 8, 64) == [32, 32, 64, 32, 32, 64, 32, 32]
+    assert fused_decode.o_head_readers(o(1), 32, 8, 64) == [32] * 8
+    assert fused_decode.o_head_readers(o(2), 16, 8, 128) == [32] * 8  # Qwen3-0.6B: groups of two heads of 128
 
 
 def test_each_kv_heads_arrivals_are_the_qkv_programs_holding_its_columns_and_the_first_block():

@@ -284,14 +284,16 @@ def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_
     assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
 
 
-def test_the_persistent_block_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch):
+@pytest.mark.parametrize("waits", [False, True], ids=["grid-barriers", "waits-for-what-it-reads"])
+def test_the_persistent_block_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch, waits):
     """Each layer's QKV, attention and O as one persistent kernel (BLOCK_MAX_ROWS, off by default) on the GPU: its
-    programs all resident, two grid barriers a layer (counts released and acquired across SMs, each thread fenced),
-    captured with PDL and verified against fp32 at bs 1 and 2, the plan saying so and three kernels a layer; a lost
-    K/V append inside it fails the run."""
+    programs all resident, two grid barriers a layer or each program waiting for what it reads (BLOCK_WAITS; counts
+    released and acquired across SMs, each thread fenced), captured with PDL and verified against fp32 at bs 1 and 2,
+    the plan saying so and three kernels a layer; a lost K/V append inside it fails the run."""
     from harness.kernels import fused_decode
 
     monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
+    monkeypatch.setattr(fused_decode, "BLOCK_WAITS", waits)
     for bs in (1, 2):
         result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
         assert result.failure is None and result.metrics["verified"] == 1.0, result.failure

@@ -261,6 +261,13 @@ BARRIER_POLL_SLEEP_NS = 0  # between a barrier's polls (0: none)
 # three launches on Llama-3.2-1B at the study's workload, with atomic reads 7.3%
 BARRIER_POLL_ATOMIC = True
 BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of int32) past its count
+# The persistent block with no grid barrier: each program waits only for what it reads (`_attention_block`'s WAITS).
+# An attention program waits for the QKV programs that hold its KV head's columns (kv_head_arrivals: about 32 of 256
+# at bs=1, each count polled by that head's attention programs alone), and an O program for the attention of the heads
+# its K split reads (o_head_readers), so that no program waits for the slowest of all and no address takes every
+# program's arrival and polls. Each count on a line of L2 of its own, WAIT_COUNTS_APART int32 apart
+BLOCK_WAITS = False
+WAIT_COUNTS_APART = 32
 # A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
 # program of the persistent block records the GPU's global timer (ns) at its start, its PDL wait, QKV's end, the first
 # barrier, the attention's end, the second barrier and its end; None in a run
@@ -1152,23 +1159,75 @@ def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr):
 
 
 @triton.jit
-def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, PHASE: tl.constexpr, SLEEP_NS: tl.constexpr,
+def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, GRID: tl.constexpr, SLEEP_NS: tl.constexpr,
                    ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr, TIMED: tl.constexpr):
-    """The persistent block's grid barrier where it runs all its phases (PHASE 0), timed at `place` (the arrival)
-    and place + 1 (past it) where TIMED."""
+    """The persistent block's grid barrier where GRID (all its phases in one launch, no waits in their place), timed
+    at `place` (the arrival) and place + 1 (past it) where TIMED."""
     _mark(Times, pid, place, TIMED)
-    if PHASE == 0:
+    if GRID:
         _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, ATOMIC, GENERATION_AT)
     _mark(Times, pid, place + 1, TIMED)
+
+
+@triton.jit
+def _count_in(Waits, pid, n_total, BN: tl.constexpr, SPLITS: tl.constexpr, HEADS: tl.constexpr,
+              KV_HEADS: tl.constexpr, D: tl.constexpr, APART: tl.constexpr):
+    """The persistent block's QKV program `pid` counts itself in for each KV head whose columns it holds, and block
+    0's for every head (the norm's squares): kv_head_arrivals. Released at the GPU's scope after every thread's
+    stores, each count APART int32 from the next (its own line of L2)."""
+    blocks = tl.cdiv(n_total, BN)
+    if pid < blocks * SPLITS:
+        pid_n = pid % blocks
+        lo = pid_n * BN
+        hi = tl.minimum(lo + BN, n_total)
+        tl.debug_barrier()
+        for kv_head in range(KV_HEADS):
+            if _holds_kv_head(lo, hi, kv_head, HEADS, KV_HEADS, D) or pid_n == 0:
+                tl.atomic_add(Waits + kv_head * APART, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_then_take(Count, needed, takers, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
+                    FENCE: tl.constexpr):
+    """Wait until Count holds `needed` arrivals, then take one: the last of its `takers` to take sets it back to 0
+    (every taker has passed by then, and the next layer's arrivals come in a later kernel), so that no replay needs a
+    memset. Past spin_limit polls a program goes on (wrong sums, never a GPU hung). FENCE: every thread then fences at
+    the GPU's scope, so that its loads of what other SMs stored are not served by a stale line in this SM's L1."""
+    seen, spins = _poll(Count, ATOMIC), 0
+    while (seen < needed) & (spins < spin_limit):
+        if SLEEP_NS > 0:
+            _sleep(SLEEP_NS)
+        seen = _poll(Count, ATOMIC)
+        spins += 1
+    taken = tl.atomic_add(Count, 1, sem="relaxed", scope="gpu")
+    if taken == needed + takers - 1:
+        tl.atomic_xchg(Count, 0, sem="relaxed", scope="gpu")
+    if FENCE:
+        _acquire_at_gpu_scope()
+    tl.debug_barrier()
+
+
+@triton.jit
+def _wait_for_heads(Waits, Takers, rows, k_start, k_end, spin_limit, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                    D: tl.constexpr, APART: tl.constexpr, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
+                    FENCE: tl.constexpr):
+    """An O program of the persistent block waits for the attention of each KV head whose group's outputs its K
+    split [k_start, k_end) reads: every row's (`rows` arrivals), `Takers` O programs taking each (o_head_readers)."""
+    group_width = HEADS // KV_HEADS * D
+    for kv_head in range(k_start // group_width, (k_end - 1) // group_width + 1):
+        _wait_then_take(Waits + (KV_HEADS + kv_head) * APART, rows, tl.load(Takers + kv_head), spin_limit, SLEEP_NS,
+                        ATOMIC, FENCE)
 
 
 @triton.jit
 def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, n_total, k_per_split, k_tiles,
                eps, pid, INPUT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                SPLITS: tl.constexpr, ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
-               PDL: tl.constexpr, Times, TIMED: tl.constexpr):
+               PDL: tl.constexpr, Times, TIMED: tl.constexpr, Waits, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+               D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr):
     """The persistent block's QKV: program `pid`'s share as `_matvec`'s (the norm, PARTIALS), its first tile loaded
-    before the PDL wait; nothing past the product's programs but the wait. The next kernel is not let launch."""
+    before the PDL wait; nothing past the product's programs but the wait. The next kernel is not let launch. Where
+    WAITS, counted in for each KV head whose attention reads its sums (`_count_in`)."""
     items = tl.cdiv(n_total, BN) * SPLITS
     pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, items - 1), n_total, hidden, k_per_split, BN)
     w = _weight_tile(Wqkv, pid_n, k_start, k_end, n_total, hidden, k_tiles, BN, BK, PACKED)
@@ -1179,48 +1238,93 @@ def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, 
                                     k_tiles, pid_n, 0, INPUT, True, ROWS, BN, BK, PACKED, DOT, False, 0, ONE_TILE)
         _product_out(acc, squares, Parts, Squares, Bump, rows, n_total, n_total, hidden, eps, pid_n, pid_k, True, 0,
                      SPLITS, False, ROWS, BN, DOT, PDL, -1)
+    if WAITS:
+        _count_in(Waits, pid, n_total, BN, SPLITS, HEADS, KV_HEADS, D, APART)
+
+
+@triton.jit
+def _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Expected, o_row, rows,
+                     qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit, pid, Times,
+                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                     QKV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
+                     APPEND: tl.constexpr, IEEE: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr,
+                     SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, FENCE: tl.constexpr, TIMED: tl.constexpr):
+    """The persistent block's attention for row pid // KV_HEADS and KV head pid % KV_HEADS, as `_head_attention`'s;
+    where WAITS, after the head's QKV programs (Expected[kv_head] arrivals), then counted in for O's programs."""
+    kv_head = pid % KV_HEADS
+    if WAITS:
+        _wait_then_take(Waits + kv_head * APART, tl.load(Expected + kv_head), rows, spin_limit, SLEEP_NS, POLL_ATOMIC,
+                        FENCE)
+        _mark(Times, pid, 3, TIMED)
+    _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows, qkv_n, hidden,
+                    eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head, HEADS, KV_HEADS, GROUP_PAD, D,
+                    QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE, pid // KV_HEADS)
+    if WAITS:  # its stores (every thread's) before its count
+        tl.debug_barrier()
+        tl.atomic_add(Waits + (KV_HEADS + kv_head) * APART, 1, sem="release", scope="gpu")
 
 
 @triton.jit
 def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, AttnOut, Bump, Pos, Cos, Sin, QNorm,
-                     KNorm, Keys, Values, Barrier, rows, hidden, qkv_n, qkv_k_per_split, qkv_k_tiles, o_k,
-                     o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row,
+                     KNorm, Keys, Values, Barrier, Waits, Expected, rows, hidden, qkv_n, qkv_k_per_split, qkv_k_tiles,
+                     o_k, o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row,
                      spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr, QKV_BK: tl.constexpr,
                      QKV_SPLITS: tl.constexpr, QKV_ONE_TILE: tl.constexpr, O_BN: tl.constexpr, O_BK: tl.constexpr,
                      O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
                      BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                      APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr,
-                     SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr, Times=None,
-                     TIMED: tl.constexpr = False):
-    """A layer's QKV product (normed partial sums, as `_matvec`'s), its attention (one program a row and KV head, one
-    chunk: as `_attention`'s) and its O product added to the residual stream, in one persistent kernel (BLOCK_MAX_ROWS),
-    a grid barrier between them. PHASE 0 runs all three; 1, 2 or 3 only that one, with no barrier (Triton's
-    interpreter runs one program after another: no barrier could open, and the three are three launches)."""
-    pid, programs = tl.program_id(0), tl.num_programs(0)
+                     SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr,
+                     WAITS: tl.constexpr, APART: tl.constexpr, Times=None, TIMED: tl.constexpr = False):
+    """A layer's QKV (as `_matvec`'s), attention (a program a row and KV head) and O (added to the residual stream) in
+    one persistent kernel (BLOCK_MAX_ROWS), a grid barrier between them or (WAITS) each program waiting for what it
+    reads. PHASE 0 runs all three; 1, 2 or 3 that one alone, with no barrier (Triton's interpreter runs one program
+    after another: no barrier could open, and the three are three launches; the waits there find their counts full)."""
+    pid, programs, grid = tl.program_id(0), tl.num_programs(0), (PHASE == 0) & (WAITS == 0)
     _mark(Times, pid, 0, TIMED)
     if PHASE < 2:
         _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, qkv_n, qkv_k_per_split,
                    qkv_k_tiles, eps, pid, INPUT, ROWS, QKV_BN, QKV_BK, QKV_SPLITS, QKV_ONE_TILE, PACKED, DOT, PDL,
-                   Times, TIMED)
+                   Times, TIMED, Waits, HEADS, KV_HEADS, D, WAITS, APART)
     else:
         _pdl_wait(PDL)
     o_items = tl.cdiv(hidden, O_BN) * O_SPLITS
     on, ok, o_start, o_end = _block_item(tl.minimum(pid, o_items - 1), hidden, o_k, o_k_per_split, O_BN)
     if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
         wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
-    _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, PHASE, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
-    if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head), as `_head_attention`
-        _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows, qkv_n, hidden,
-                        eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, pid % KV_HEADS, HEADS, KV_HEADS,
-                        GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE, pid // KV_HEADS)
-    _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, PHASE, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
-    if (PHASE == 0 or PHASE == 3) and pid < o_items:  # the attention's output (PLAIN input) times O, ADD-ed
-        acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
-                                    o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
-        _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3,
-                     O_SPLITS, BUMP, ROWS, O_BN, DOT, PDL, 1)  # launched past both barriers: all of ours resident
+    _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
+    if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head)
+        _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Expected, o_row,
+                         rows, qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit,
+                         pid, Times, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND,
+                         IEEE, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
+    _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
+    if (PHASE == 0 or PHASE == 3) and pid < o_items:
+        _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, Expected, rows, hidden, o_k,
+                 o_k_tiles, on, ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS, O_BN, O_BK, O_SPLITS,
+                 O_ONE_TILE, PACKED, DOT, BUMP, PDL, HEADS, KV_HEADS, D, WAITS, APART, SLEEP_NS, POLL_ATOMIC,
+                 PHASE == 0, TIMED)
     _mark(Times, pid, 6, TIMED)
+
+
+@triton.jit
+def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, Expected, rows, hidden, o_k, o_k_tiles,
+             on, ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS: tl.constexpr, O_BN: tl.constexpr,
+             O_BK: tl.constexpr, O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr,
+             DOT: tl.constexpr, BUMP: tl.constexpr, PDL: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+             D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr, SLEEP_NS: tl.constexpr,
+             POLL_ATOMIC: tl.constexpr, FENCE: tl.constexpr, TIMED: tl.constexpr):
+    """The persistent block's O program for column block `on` and K split `ok` (its first tile `wo` loaded): where
+    WAITS, after the attention of the heads it reads; the attention's output (PLAIN input) times O, ADD-ed to the
+    residual stream, and the next kernel let launch (past both barriers or every wait: all of ours resident)."""
+    if WAITS:
+        _wait_for_heads(Waits, Expected + KV_HEADS, rows, o_start, o_end, spin_limit, HEADS, KV_HEADS, D, APART,
+                        SLEEP_NS, POLL_ATOMIC, FENCE)
+        _mark(Times, pid, 5, TIMED)
+    acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
+                                o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
+    _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3, O_SPLITS,
+                 BUMP, ROWS, O_BN, DOT, PDL, 1)
 
 
 @dataclass(frozen=True)
@@ -1419,7 +1523,8 @@ def block_constants(qkv: Product, o: Product, rows: int, heads: int, kv_heads: i
                 O_ONE_TILE=o.one_tile, PACKED=qkv.packed, DOT=qkv.dot, BUMP=bump, HEADS=heads, KV_HEADS=kv_heads,
                 GROUP_PAD=group_pad(heads, kv_heads), D=head_dim, BLOCK_N=ATTN_BLOCK_N,
                 QK_NORM=qk_norm, ROPE_SHIFT=rope_shift, APPEND=append, IEEE=ieee, SLEEP_NS=BARRIER_POLL_SLEEP_NS,
-                POLL_ATOMIC=BARRIER_POLL_ATOMIC, GENERATION_AT=BARRIER_GENERATION_AT)
+                POLL_ATOMIC=BARRIER_POLL_ATOMIC, GENERATION_AT=BARRIER_GENERATION_AT, WAITS=BLOCK_WAITS,
+                APART=WAIT_COUNTS_APART)
 
 
 def folds_block(options: FusedOptions, rows: int, chunks: int, qkv: Product, o: Product, kv_heads: int,
@@ -1448,6 +1553,16 @@ def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> 
         blocks = {0, *(b for start, width in spans for b in range(start // qkv.bn, (start + width - 1) // qkv.bn + 1))}
         arrivals.append(qkv.splits * len(blocks))
     return arrivals
+
+
+def o_head_readers(o: Product, heads: int, kv_heads: int, head_dim: int) -> list[int]:
+    """For each KV head, the programs of the persistent block's O product that wait for its attention
+    (`_wait_for_heads`): every block of O's columns, for each K split whose columns [start, end) of the attention's
+    output hold any of the head's group (the group's heads side by side, head_dim columns each)."""
+    group_width, k_per_split = heads // kv_heads * head_dim, triton.cdiv(o.k, o.splits)
+    splits = [(start, min(start + k_per_split, o.k)) for start in range(0, o.k, k_per_split)]
+    return [triton.cdiv(o.n, o.bn) * sum(start < (kv_head + 1) * group_width and kv_head * group_width < end
+                                         for start, end in splits) for kv_head in range(kv_heads)]
 
 
 def folds_mlp(rows: int, layers: int, gate_up: Product) -> bool:
@@ -1930,6 +2045,11 @@ class FusedDecoder:
         self.qkv_arrivals = torch.tensor(kv_head_arrivals(first.qkv, self.heads, self.kv_heads, self.head_dim),
                                          device=like.device, dtype=torch.int32)
         self.qkv_counted = torch.zeros(self.kv_heads, device=like.device, dtype=torch.int32)
+        # the persistent block's waits (BLOCK_WAITS): each KV head's QKV arrivals and O programs, and their counts
+        self.block_expected = torch.tensor(kv_head_arrivals(first.qkv, self.heads, self.kv_heads, self.head_dim)
+                                           + o_head_readers(first.o, self.heads, self.kv_heads, self.head_dim),
+                                           device=like.device, dtype=torch.int32)
+        self.block_waits = torch.zeros(2 * self.kv_heads * WAIT_COUNTS_APART, device=like.device, dtype=torch.int32)
 
     def _attention_splits(self) -> int:
         """The attention's chunks a (row, KV head): for the longest prefix the run decodes to, or the cache's
@@ -2016,15 +2136,17 @@ class FusedDecoder:
 
     def _block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
         """QKV, the attention and O in one persistent kernel (BLOCK_MAX_ROWS); in Triton's interpreter, which runs one
-        program after another (no barrier could open), the kernel's three phases as three launches."""
+        program after another (no barrier could open), the kernel's three phases as three launches, where each wait
+        (BLOCK_WAITS) finds its count full at its first poll, or is a miscount: it polls once and leaves the counts
+        unbalanced for a test to see."""
         keys, values, qkv, o = kv.keys, kv.values, layer.qkv, layer.o
         programs = block_programs(qkv, o, self.rows, self.kv_heads)
         arguments = (x, x.stride(0), self.residual, self.input_ids, layer.attn_norm, qkv.weight, self.qkv_parts,
                      self.squares, o.weight, self.attn_out, position if bump is None else bump, position, self.cos,
-                     self.sin, *self._head_norms(layer, self.cos), keys, values, self.barrier, self.rows, self.hidden,
-                     qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles, o.k, triton.cdiv(o.k, o.splits), o.k_tiles,
-                     self.eps, self.scale, *keys.stride()[:3], *values.stride()[:3], self.attn_out.stride(0),
-                     BARRIER_SPIN_LIMIT)
+                     self.sin, *self._head_norms(layer, self.cos), keys, values, self.barrier, self.block_waits,
+                     self.block_expected, self.rows, self.hidden, qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles,
+                     o.k, triton.cdiv(o.k, o.splits), o.k_tiles, self.eps, self.scale, *keys.stride()[:3],
+                     *values.stride()[:3], self.attn_out.stride(0), 1 if interpreted() else BARRIER_SPIN_LIMIT)
         options = dict(block_constants(qkv, o, self.rows, self.heads, self.kv_heads, self.head_dim,
                                        layer.q_norm is not None, input=source, bump=bump is not None,
                                        rope_shift=self.rope_shift, append=self.append,
