@@ -128,7 +128,7 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
 BLOCK_POINTERS = dict(X="*fp32", Residual="*fp32", Ids="*i64", Gain="*bf16", Wqkv="*bf16", Parts="*fp32",
                       Squares="*fp32", Wo="*bf16", AttnOut="*bf16", Bump="*i64", Pos="*i64", Cos="*fp32", Sin="*fp32",
                       QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", Barrier="*i32", Waits="*i32",
-                      Expected="*i32", Times="*i64")
+                      NextWaits="*i32", Arrivals="*i32", Times="*i64")
 
 
 def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: int) -> dict:

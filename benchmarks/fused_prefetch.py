@@ -380,12 +380,13 @@ PERSISTENT_VARIANTS = [("QKV, attention and O as three launches (the default)", 
                        ("one persistent kernel, 64 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=64))]
 # `--set waits`: the persistent block with no grid barrier, each program waiting only for what it reads
 # (BLOCK_WAITS: the attention for its KV head's QKV programs, O for the attention of the heads it reads), against the
-# three launches and the block with its grid barriers; its polls by atomic reads or by volatile loads
-BLOCK = dict(BLOCK_MAX_ROWS=8)
+# three launches and the block with its grid barriers; its polls by atomic reads, by volatile loads, or 200 ns apart
+BLOCK, WAITS = dict(BLOCK_MAX_ROWS=8), dict(BLOCK_MAX_ROWS=8, BLOCK_WAITS=True)
 WAITS_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
                   ("one persistent kernel, grid barriers", [], BLOCK),
-                  ("one persistent kernel, each program waiting for what it reads", [], dict(BLOCK, BLOCK_WAITS=True)),
-                  ("the same, polls by volatile loads", [], dict(BLOCK, BLOCK_WAITS=True, BARRIER_POLL_ATOMIC=False))]
+                  ("one persistent kernel, each program waiting for what it reads", [], WAITS),
+                  ("the same, polls by volatile loads", [], dict(WAITS, BARRIER_POLL_ATOMIC=False)),
+                  ("the same, polls 200 ns apart", [], dict(WAITS, BARRIER_POLL_SLEEP_NS=200))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,

@@ -157,12 +157,14 @@ def test_the_persistent_block_computes_eager_logits_and_cache(family, context, w
     another as Triton's interpreter runs it: the logits and the cache are eager's over prefixes of one block and of
     three, two rows, QKV in blocks narrower than a head and split over K (its programs mapped to column blocks and
     splits as `_matvec`'s grid), more programs than O has (those past O's do nothing there), at layer 0 from the
-    embedding rows. With each program waiting for what it reads (BLOCK_WAITS), every wait finds its count full and
-    every count is back at 0 after each step: as many arrivals and takers as the plan expects, for every layer."""
+    embedding rows. With each program waiting for what it reads (BLOCK_WAITS; three layers, so that the blocks take
+    all three sets of counts), after each step every layer's set but the first holds as many QKV arrivals for each KV
+    head as kv_head_arrivals plans and an attention count for each row, and the first layer's is set back to 0."""
     monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
     monkeypatch.setattr(fused_decode, "BLOCK_WAITS", waits)
     monkeypatch.setattr(fused_decode, "INTERPRETED_BN", 8)  # tiny's heads are 16 wide: two blocks a head
-    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
+    layers = ["model.num_hidden_layers=3"] if waits else []
+    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256", *layers)
     eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
     decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
     qkv, o = decoder.layers[0].qkv, decoder.layers[0].o
@@ -171,7 +173,14 @@ def test_the_persistent_block_computes_eager_logits_and_cache(family, context, w
     assert decoder.kernels_per_step() == 3 * len(decoder.layers) + 1
     programs = qkv.grid[0] * qkv.grid[1]
     assert decoder.attention_plan() == f"attention: with QKV and O in one persistent kernel of {programs} programs"
-    decode_like_eager(eager, run, decoder, 3, after_each=lambda: _assert(not decoder.block_waits.any()))
+    assert decoder.block_sets == ([0, 1, 2] if waits else None)
+
+    def counts_balance():
+        counts, kv_heads = decoder.block_waits[:, :, 0].tolist(), decoder.kv_heads
+        want = decoder.qkv_arrivals.tolist() + [decoder.rows] * kv_heads
+        assert counts == [[0] * 2 * kv_heads, want, want] if waits else not decoder.block_waits.any()
+
+    decode_like_eager(eager, run, decoder, 3, after_each=counts_balance)
     assert_same_cache(run, eager, context + 3, length=context + 3)
 
 
@@ -244,16 +253,14 @@ def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its
         assert block["programs"] <= fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS, (model, block)
 
 
-def test_each_kv_heads_o_readers_are_the_o_programs_whose_k_split_holds_its_groups_outputs():
-    """o_head_readers on Llama-3.2-1B's O (2048 columns in 32 blocks of 64; K, the attention's output, in groups of
-    four heads of 64: 256 columns a KV head): split 8 ways, each split one head's group; 4 ways, two groups a split;
-    3 ways (683 columns), a split's edge inside heads 2 and 5's groups, which two splits read; unsplit, every head."""
-    o = lambda splits: fused_decode.Product(torch.empty(0), 2048, 2048, 64, 128, splits, True, True)
-    assert fused_decode.o_head_readers(o(8), 32, 8, 64) == [32] * 8
-    assert fused_decode.o_head_readers(o(4), 32, 8, 64) == [32] * 8
-    assert fused_decode.o_head_readers(o(3), 32, 8, 64) == [32, 32, 64, 32, 32, 64, 32, 32]
-    assert fused_decode.o_head_readers(o(1), 32, 8, 64) == [32] * 8
-    assert fused_decode.o_head_readers(o(2), 16, 8, 128) == [32] * 8  # Qwen3-0.6B: groups of two heads of 128
+def test_each_layers_block_waits_on_a_set_of_counts_that_neither_layer_beside_it_uses():
+    """block_wait_sets: a block sets the next layer's counts to 0 while its own are in use, so no two layers in a row
+    (the last and the next step's first included) share a set; one layer cannot, and keeps the grid barriers."""
+    assert fused_decode.block_wait_sets(2) == [0, 1] and fused_decode.block_wait_sets(3) == [0, 1, 2]
+    assert fused_decode.block_wait_sets(1) is None
+    for layers in range(2, 40):
+        sets = fused_decode.block_wait_sets(layers)
+        assert all(sets[i] != sets[(i + 1) % layers] for i in range(layers)) and set(sets) <= {0, 1, 2}, sets
 
 
 def test_each_kv_heads_arrivals_are_the_qkv_programs_holding_its_columns_and_the_first_block():

@@ -264,8 +264,9 @@ BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of
 # The persistent block with no grid barrier: each program waits only for what it reads (`_attention_block`'s WAITS).
 # An attention program waits for the QKV programs that hold its KV head's columns (kv_head_arrivals: about 32 of 256
 # at bs=1, each count polled by that head's attention programs alone), and an O program for the attention of the heads
-# its K split reads (o_head_readers), so that no program waits for the slowest of all and no address takes every
-# program's arrival and polls. Each count on a line of L2 of its own, WAIT_COUNTS_APART int32 apart
+# its K split reads (every row's), so that no program waits for the slowest of all and no address takes every
+# program's arrival and polls. Each count on a line of L2 of its own, WAIT_COUNTS_APART int32 apart, in one of three
+# sets that the blocks take in turn, each block setting the next one's to 0 (block_wait_sets)
 BLOCK_WAITS = False
 WAIT_COUNTS_APART = 32
 # A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
@@ -972,7 +973,7 @@ def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, 
             counted = tl.atomic_add(Counted + kv_head, 1, sem="acq_rel", scope="gpu")
             if counted == tl.load(Arrivals + kv_head) - 1:  # the last: every sum the head's attention reads is written
                 if FENCE:
-                    _acquire_at_gpu_scope()
+                    _fence_at_gpu_scope()
                 _head_attention(Out, SquaresOut, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows,
                                 n_total, k_total, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head,
                                 HEADS, KV_HEADS, GROUP_PAD, D, SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE)
@@ -988,7 +989,7 @@ def _holds_kv_head(lo, hi, kv_head, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
 
 
 @triton.jit
-def _acquire_at_gpu_scope():
+def _fence_at_gpu_scope():
     """fence.acq_rel.gpu in every thread (inline PTX: a GPU only)."""
     tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [tl.zeros([32], tl.int32)],
                               dtype=tl.int32, is_pure=False, pack=1)
@@ -1119,7 +1120,7 @@ def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC:
                 _sleep(SLEEP_NS)
             seen = _poll(at, ATOMIC)
             spins += 1
-    _acquire_at_gpu_scope()
+    _fence_at_gpu_scope()
     tl.debug_barrier()
 
 
@@ -1171,104 +1172,118 @@ def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, GRID: tl.co
 
 @triton.jit
 def _count_in(Waits, pid, n_total, BN: tl.constexpr, SPLITS: tl.constexpr, HEADS: tl.constexpr,
-              KV_HEADS: tl.constexpr, D: tl.constexpr, APART: tl.constexpr):
+              KV_HEADS: tl.constexpr, D: tl.constexpr, APART: tl.constexpr, FENCE: tl.constexpr):
     """The persistent block's QKV program `pid` counts itself in for each KV head whose columns it holds, and block
-    0's for every head (the norm's squares): kv_head_arrivals. Released at the GPU's scope after every thread's
-    stores, each count APART int32 from the next (its own line of L2)."""
+    0's for every head (the norm's squares): kv_head_arrivals. One fence at the GPU's scope after every thread's
+    stores (FENCE: a GPU), then relaxed adds, in flight together (a release each would wait for the one before)."""
     blocks = tl.cdiv(n_total, BN)
     if pid < blocks * SPLITS:
         pid_n = pid % blocks
         lo = pid_n * BN
         hi = tl.minimum(lo + BN, n_total)
-        tl.debug_barrier()
+        _stores_then_fence(FENCE)
         for kv_head in range(KV_HEADS):
             if _holds_kv_head(lo, hi, kv_head, HEADS, KV_HEADS, D) or pid_n == 0:
-                tl.atomic_add(Waits + kv_head * APART, 1, sem="release", scope="gpu")
+                tl.atomic_add(Waits + kv_head * APART, 1, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _wait_then_take(Count, needed, takers, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
-                    FENCE: tl.constexpr):
-    """Wait until Count holds `needed` arrivals, then take one: the last of its `takers` to take sets it back to 0
-    (every taker has passed by then, and the next layer's arrivals come in a later kernel), so that no replay needs a
-    memset. Past spin_limit polls a program goes on (wrong sums, never a GPU hung). FENCE: every thread then fences at
-    the GPU's scope, so that its loads of what other SMs stored are not served by a stale line in this SM's L1."""
+def _stores_then_fence(FENCE: tl.constexpr):
+    """Every thread's stores done (a barrier of the program's threads), then fenced at the GPU's scope where FENCE (a
+    GPU): a relaxed count after it releases them to a program that fences after reading it."""
+    tl.debug_barrier()
+    if FENCE:
+        _fence_at_gpu_scope()
+
+
+@triton.jit
+def _wait_for(Count, needed, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr, FENCE: tl.constexpr):
+    """Wait until Count holds `needed` arrivals (never set back here: `_zero_counts` does, a layer ahead). Past
+    spin_limit polls a program goes on (wrong sums, never a GPU hung). FENCE: every thread then fences at the GPU's
+    scope, so that its loads of what other SMs stored are not served by a stale line in this SM's L1."""
     seen, spins = _poll(Count, ATOMIC), 0
     while (seen < needed) & (spins < spin_limit):
         if SLEEP_NS > 0:
             _sleep(SLEEP_NS)
         seen = _poll(Count, ATOMIC)
         spins += 1
-    taken = tl.atomic_add(Count, 1, sem="relaxed", scope="gpu")
-    if taken == needed + takers - 1:
-        tl.atomic_xchg(Count, 0, sem="relaxed", scope="gpu")
     if FENCE:
-        _acquire_at_gpu_scope()
+        _fence_at_gpu_scope()
     tl.debug_barrier()
 
 
 @triton.jit
-def _wait_for_heads(Waits, Takers, rows, k_start, k_end, spin_limit, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+def _zero_counts(Next, KV_HEADS: tl.constexpr, APART: tl.constexpr):
+    """The next layer's block's counts (its own set: block_wait_sets), set to 0 by this block past its PDL wait: the
+    block that used that set last has ended by then, and the next one counts only past its own wait, after this
+    block has ended. So no replay needs a memset, and no program takes a count back on its way."""
+    for count in tl.static_range(2 * KV_HEADS):
+        tl.store(Next + count * APART, 0)
+
+
+@triton.jit
+def _wait_for_heads(Waits, rows, k_start, k_end, spin_limit, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                     D: tl.constexpr, APART: tl.constexpr, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
                     FENCE: tl.constexpr):
     """An O program of the persistent block waits for the attention of each KV head whose group's outputs its K
-    split [k_start, k_end) reads: every row's (`rows` arrivals), `Takers` O programs taking each (o_head_readers)."""
+    split [k_start, k_end) reads: every row's (`rows` arrivals)."""
     group_width = HEADS // KV_HEADS * D
     for kv_head in range(k_start // group_width, (k_end - 1) // group_width + 1):
-        _wait_then_take(Waits + (KV_HEADS + kv_head) * APART, rows, tl.load(Takers + kv_head), spin_limit, SLEEP_NS,
-                        ATOMIC, FENCE)
+        _wait_for(Waits + (KV_HEADS + kv_head) * APART, rows, spin_limit, SLEEP_NS, ATOMIC, FENCE)
 
 
 @triton.jit
 def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, n_total, k_per_split, k_tiles,
                eps, pid, INPUT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                SPLITS: tl.constexpr, ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
-               PDL: tl.constexpr, Times, TIMED: tl.constexpr, Waits, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-               D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr):
+               PDL: tl.constexpr, Times, TIMED: tl.constexpr, Waits, NextWaits, HEADS: tl.constexpr,
+               KV_HEADS: tl.constexpr, D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr, FENCE: tl.constexpr):
     """The persistent block's QKV: program `pid`'s share as `_matvec`'s (the norm, PARTIALS), its first tile loaded
     before the PDL wait; nothing past the product's programs but the wait. The next kernel is not let launch. Where
-    WAITS, counted in for each KV head whose attention reads its sums (`_count_in`)."""
+    WAITS, counted in for each KV head whose attention reads its sums (`_count_in`), and the next layer's counts set
+    to 0 by program 0 (`_zero_counts`)."""
     items = tl.cdiv(n_total, BN) * SPLITS
     pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, items - 1), n_total, hidden, k_per_split, BN)
     w = _weight_tile(Wqkv, pid_n, k_start, k_end, n_total, hidden, k_tiles, BN, BK, PACKED)
     _pdl_wait(PDL)
     _mark(Times, pid, 1, TIMED)
+    if WAITS and pid == 0:
+        _zero_counts(NextWaits, KV_HEADS, APART)
     if pid < items:
         acc, squares = _weight_loop(w, X, x_row, Residual, Ids, Gain, Wqkv, rows, k_start, k_end, hidden, n_total,
                                     k_tiles, pid_n, 0, INPUT, True, ROWS, BN, BK, PACKED, DOT, False, 0, ONE_TILE)
         _product_out(acc, squares, Parts, Squares, Bump, rows, n_total, n_total, hidden, eps, pid_n, pid_k, True, 0,
                      SPLITS, False, ROWS, BN, DOT, PDL, -1)
     if WAITS:
-        _count_in(Waits, pid, n_total, BN, SPLITS, HEADS, KV_HEADS, D, APART)
+        _count_in(Waits, pid, n_total, BN, SPLITS, HEADS, KV_HEADS, D, APART, FENCE)
 
 
 @triton.jit
-def _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Expected, o_row, rows,
+def _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Arrivals, o_row, rows,
                      qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit, pid, Times,
                      HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                      QKV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
                      APPEND: tl.constexpr, IEEE: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr,
                      SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, FENCE: tl.constexpr, TIMED: tl.constexpr):
     """The persistent block's attention for row pid // KV_HEADS and KV head pid % KV_HEADS, as `_head_attention`'s;
-    where WAITS, after the head's QKV programs (Expected[kv_head] arrivals), then counted in for O's programs."""
+    where WAITS, after the head's QKV programs (Arrivals[kv_head] of them), then counted in for O's programs."""
     kv_head = pid % KV_HEADS
     if WAITS:
-        _wait_then_take(Waits + kv_head * APART, tl.load(Expected + kv_head), rows, spin_limit, SLEEP_NS, POLL_ATOMIC,
-                        FENCE)
+        _wait_for(Waits + kv_head * APART, tl.load(Arrivals + kv_head), spin_limit, SLEEP_NS, POLL_ATOMIC, FENCE)
         _mark(Times, pid, 3, TIMED)
     _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows, qkv_n, hidden,
                     eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head, HEADS, KV_HEADS, GROUP_PAD, D,
                     QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE, pid // KV_HEADS)
     if WAITS:  # its stores (every thread's) before its count
-        tl.debug_barrier()
-        tl.atomic_add(Waits + (KV_HEADS + kv_head) * APART, 1, sem="release", scope="gpu")
+        _stores_then_fence(FENCE)
+        tl.atomic_add(Waits + (KV_HEADS + kv_head) * APART, 1, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, AttnOut, Bump, Pos, Cos, Sin, QNorm,
-                     KNorm, Keys, Values, Barrier, Waits, Expected, rows, hidden, qkv_n, qkv_k_per_split, qkv_k_tiles,
-                     o_k, o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, o_row,
-                     spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr, QKV_BK: tl.constexpr,
+                     KNorm, Keys, Values, Barrier, Waits, NextWaits, Arrivals, rows, hidden, qkv_n, qkv_k_per_split,
+                     qkv_k_tiles, o_k, o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head,
+                     v_slot, o_row, spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr, QKV_BK: tl.constexpr,
                      QKV_SPLITS: tl.constexpr, QKV_ONE_TILE: tl.constexpr, O_BN: tl.constexpr, O_BK: tl.constexpr,
                      O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
                      BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -1285,7 +1300,7 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
     if PHASE < 2:
         _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, qkv_n, qkv_k_per_split,
                    qkv_k_tiles, eps, pid, INPUT, ROWS, QKV_BN, QKV_BK, QKV_SPLITS, QKV_ONE_TILE, PACKED, DOT, PDL,
-                   Times, TIMED, Waits, HEADS, KV_HEADS, D, WAITS, APART)
+                   Times, TIMED, Waits, NextWaits, HEADS, KV_HEADS, D, WAITS, APART, PHASE == 0)
     else:
         _pdl_wait(PDL)
     o_items = tl.cdiv(hidden, O_BN) * O_SPLITS
@@ -1294,21 +1309,20 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
         wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
     _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
     if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head)
-        _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Expected, o_row,
+        _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Arrivals, o_row,
                          rows, qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit,
                          pid, Times, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND,
                          IEEE, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
     _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
     if (PHASE == 0 or PHASE == 3) and pid < o_items:
-        _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, Expected, rows, hidden, o_k,
-                 o_k_tiles, on, ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS, O_BN, O_BK, O_SPLITS,
-                 O_ONE_TILE, PACKED, DOT, BUMP, PDL, HEADS, KV_HEADS, D, WAITS, APART, SLEEP_NS, POLL_ATOMIC,
-                 PHASE == 0, TIMED)
+        _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles, on,
+                 ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS, O_BN, O_BK, O_SPLITS, O_ONE_TILE, PACKED, DOT,
+                 BUMP, PDL, HEADS, KV_HEADS, D, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
     _mark(Times, pid, 6, TIMED)
 
 
 @triton.jit
-def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, Expected, rows, hidden, o_k, o_k_tiles,
+def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles,
              on, ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS: tl.constexpr, O_BN: tl.constexpr,
              O_BK: tl.constexpr, O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr,
              DOT: tl.constexpr, BUMP: tl.constexpr, PDL: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
@@ -1318,8 +1332,8 @@ def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, 
     WAITS, after the attention of the heads it reads; the attention's output (PLAIN input) times O, ADD-ed to the
     residual stream, and the next kernel let launch (past both barriers or every wait: all of ours resident)."""
     if WAITS:
-        _wait_for_heads(Waits, Expected + KV_HEADS, rows, o_start, o_end, spin_limit, HEADS, KV_HEADS, D, APART,
-                        SLEEP_NS, POLL_ATOMIC, FENCE)
+        _wait_for_heads(Waits, rows, o_start, o_end, spin_limit, HEADS, KV_HEADS, D, APART, SLEEP_NS, POLL_ATOMIC,
+                        FENCE)
         _mark(Times, pid, 5, TIMED)
     acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
                                 o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
@@ -1555,14 +1569,14 @@ def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> 
     return arrivals
 
 
-def o_head_readers(o: Product, heads: int, kv_heads: int, head_dim: int) -> list[int]:
-    """For each KV head, the programs of the persistent block's O product that wait for its attention
-    (`_wait_for_heads`): every block of O's columns, for each K split whose columns [start, end) of the attention's
-    output hold any of the head's group (the group's heads side by side, head_dim columns each)."""
-    group_width, k_per_split = heads // kv_heads * head_dim, triton.cdiv(o.k, o.splits)
-    splits = [(start, min(start + k_per_split, o.k)) for start in range(0, o.k, k_per_split)]
-    return [triton.cdiv(o.n, o.bn) * sum(start < (kv_head + 1) * group_width and kv_head * group_width < end
-                                         for start, end in splits) for kv_head in range(kv_heads)]
+def block_wait_sets(layers: int) -> list[int]:
+    """Which of three sets of counts each layer's persistent block waits on (BLOCK_WAITS): layer after layer, the last
+    one included, on to the next step's first, no two in a row share a set, so that a block can set the next one's
+    counts to 0 (`_zero_counts`) while nothing else uses them: alternately 0 and 1, and 2 for the last of an odd count
+    of layers. One layer would wait on the set it clears: None (the block keeps its grid barriers)."""
+    if layers < 2:
+        return None
+    return [2 if layers % 2 and layer == layers - 1 else layer % 2 for layer in range(layers)]
 
 
 def folds_mlp(rows: int, layers: int, gate_up: Product) -> bool:
@@ -1953,6 +1967,8 @@ class FusedDecoder:
         if self.mlp_in_one:
             self._plan_mlp_in_one()
         self.block = self._fit_block()  # each layer's QKV, attention and O in one persistent kernel
+        # its programs waiting for what each reads (BLOCK_WAITS), each layer's counts in a set of three (or None)
+        self.block_sets = block_wait_sets(len(self.layers)) if self.block and BLOCK_WAITS else None
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
         self.attention_in_o = not self.block and folds_attention_into_o(options, rows, self.heads, self.kv_heads,
@@ -2045,11 +2061,9 @@ class FusedDecoder:
         self.qkv_arrivals = torch.tensor(kv_head_arrivals(first.qkv, self.heads, self.kv_heads, self.head_dim),
                                          device=like.device, dtype=torch.int32)
         self.qkv_counted = torch.zeros(self.kv_heads, device=like.device, dtype=torch.int32)
-        # the persistent block's waits (BLOCK_WAITS): each KV head's QKV arrivals and O programs, and their counts
-        self.block_expected = torch.tensor(kv_head_arrivals(first.qkv, self.heads, self.kv_heads, self.head_dim)
-                                           + o_head_readers(first.o, self.heads, self.kv_heads, self.head_dim),
-                                           device=like.device, dtype=torch.int32)
-        self.block_waits = torch.zeros(2 * self.kv_heads * WAIT_COUNTS_APART, device=like.device, dtype=torch.int32)
+        # the persistent block's waits (BLOCK_WAITS): three sets of counts (block_wait_sets), each KV head's QKV
+        # arrivals and its attention's rows, a line of L2 each
+        self.block_waits = torch.zeros(3, 2 * self.kv_heads, WAIT_COUNTS_APART, device=like.device, dtype=torch.int32)
 
     def _attention_splits(self) -> int:
         """The attention's chunks a (row, KV head): for the longest prefix the run decodes to, or the cache's
@@ -2070,7 +2084,7 @@ class FusedDecoder:
             # at layer 0 the embedding rows of the input ids are the residual stream's first value
             x, source = (self.embedding, EMBEDDING) if index == 0 else (self.residual, PLAIN)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
-            self._attention_block(layer, kv, position, x, source, bump)
+            self._attention_block(layer, kv, position, x, source, bump, index)
             self._mlp(layer, index)
         self.residual = self._residual_of(len(self.layers))
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
@@ -2105,12 +2119,13 @@ class FusedDecoder:
         """How the step runs each layer's MLP, as the run's `fused_plan` tag says."""
         return str(self.layers[0].mlp) if self.mlp_in_one else "mlp: gate/up, then down"
 
-    def _attention_block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
+    def _attention_block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump,
+                         index: int) -> None:
         """QKV, the attention and O, added to the residual stream: three launches, or two where the attention is
         folded into QKV's tail or into O, one where all three run as the persistent block, or five where the attention
         is not folded at all."""
         if self.block:
-            self._block(layer, kv, position, x, source, bump)
+            self._block(layer, kv, position, x, source, bump, index)
             return
         if self.attention_in_qkv:
             self._qkv_attention(layer, kv, position, x, source)
@@ -2134,29 +2149,36 @@ class FusedDecoder:
                        **held_to(QKV_ATTENTION_REGISTERS))
         self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm, attention=(arguments, options))
 
-    def _block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump) -> None:
+    def _block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump,
+               index: int) -> None:
         """QKV, the attention and O in one persistent kernel (BLOCK_MAX_ROWS); in Triton's interpreter, which runs one
         program after another (no barrier could open), the kernel's three phases as three launches, where each wait
-        (BLOCK_WAITS) finds its count full at its first poll, or is a miscount: it polls once and leaves the counts
-        unbalanced for a test to see."""
+        (BLOCK_WAITS) finds its count full at its first poll (a miscount polls once and goes on: the counts show it)."""
         keys, values, qkv, o = kv.keys, kv.values, layer.qkv, layer.o
         programs = block_programs(qkv, o, self.rows, self.kv_heads)
         arguments = (x, x.stride(0), self.residual, self.input_ids, layer.attn_norm, qkv.weight, self.qkv_parts,
                      self.squares, o.weight, self.attn_out, position if bump is None else bump, position, self.cos,
-                     self.sin, *self._head_norms(layer, self.cos), keys, values, self.barrier, self.block_waits,
-                     self.block_expected, self.rows, self.hidden, qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles,
+                     self.sin, *self._head_norms(layer, self.cos), keys, values, self.barrier, *self._wait_sets(index),
+                     self.qkv_arrivals, self.rows, self.hidden, qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles,
                      o.k, triton.cdiv(o.k, o.splits), o.k_tiles, self.eps, self.scale, *keys.stride()[:3],
                      *values.stride()[:3], self.attn_out.stride(0), 1 if interpreted() else BARRIER_SPIN_LIMIT)
         options = dict(block_constants(qkv, o, self.rows, self.heads, self.kv_heads, self.head_dim,
                                        layer.q_norm is not None, input=source, bump=bump is not None,
                                        rope_shift=self.rope_shift, append=self.append,
-                                       ieee=keys.dtype == torch.float32 or interpreted()), num_warps=qkv.warps)
+                                       ieee=keys.dtype == torch.float32 or interpreted()),
+                       WAITS=self.block_sets is not None, num_warps=qkv.warps)
         if interpreted():
             for phase in (1, 2, 3):
                 _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
         else:
             _attention_block[(programs,)](*arguments, PHASE=0, Times=BLOCK_TIMES, TIMED=BLOCK_TIMES is not None,
                                           **options, **self._launch(), **held_to(BLOCK_REGISTERS))
+
+    def _wait_sets(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s block's counts and the next one's, which it sets to 0 (block_wait_sets; without waits, the
+        first set twice, unread)."""
+        sets = self.block_sets or [0]
+        return self.block_waits[sets[index % len(sets)]], self.block_waits[sets[(index + 1) % len(sets)]]
 
     def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
         if self.options.fold_attention:
