@@ -128,7 +128,7 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
 BLOCK_POINTERS = dict(X="*fp32", Residual="*fp32", Ids="*i64", Gain="*bf16", Wqkv="*bf16", Parts="*fp32",
                       Squares="*fp32", Wo="*bf16", AttnOut="*bf16", Bump="*i64", Pos="*i64", Cos="*fp32", Sin="*fp32",
                       QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", Barrier="*i32", Waits="*i32",
-                      NextWaits="*i32", Arrivals="*i32", Times="*i64")
+                      NextWaits="*i32", Arrivals="*i32", Ahead="*bf16", Times="*i64")
 
 
 def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: int) -> dict:
@@ -143,7 +143,8 @@ def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: 
     kernel = fused_decode._attention_block
     constants = dict(fused_decode.block_constants(qkv, o, rows, model_cfg.num_attention_heads,
                                                   model_cfg.num_key_value_heads, model_cfg.head_dim,
-                                                  model_cfg.model_type == "qwen3"), PHASE=0, PDL=True, TIMED=False)
+                                                  model_cfg.model_type == "qwen3"), PHASE=0, PDL=True, TIMED=False,
+                     AHEAD=fused_decode.BLOCK_AHEAD_TILES > 0)
     integers = [name for name in kernel.arg_names if name not in BLOCK_POINTERS and name not in constants]
     signature = {**BLOCK_POINTERS, **{name: "fp32" if name in ("eps", "scale") else "i32" for name in integers},
                  **dict.fromkeys(constants, "constexpr")}

@@ -172,7 +172,8 @@ def test_the_persistent_block_computes_eager_logits_and_cache(family, context, w
     assert qkv.splits > 1 and qkv.grid[0] > 1 and o.grid[0] * o.grid[1] < qkv.grid[0] * qkv.grid[1]
     assert decoder.kernels_per_step() == 3 * len(decoder.layers) + 1
     programs = qkv.grid[0] * qkv.grid[1]
-    assert decoder.attention_plan() == f"attention: with QKV and O in one persistent kernel of {programs} programs"
+    said = ", each waiting for what it reads" if waits else ""
+    assert decoder.attention_plan() == f"attention: with QKV and O in one persistent kernel of {programs} programs{said}"
     assert decoder.block_sets == ([0, 1, 2] if waits else None)
 
     def counts_balance():
@@ -235,15 +236,15 @@ def test_the_block_phases_benchmark_reads_each_phase_and_each_barriers_hold_from
 def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its_barrier_needs():
     """The grid barrier, or the waits for what each program reads, open only if every program of the block is
     resident at once: compiled for sm_90 (Triton's ahead-of-time compiler) with Llama-3.2-1B's and Qwen3-0.6B's plans
-    at bs=1, either way, on BLOCK_REGISTERS a thread, an SM holds BLOCK_PROGRAMS_PER_SM of its programs, and its grid
-    fits a 132-SM GPU."""
+    at bs=1, either way (the waits with gate/up's tiles asked of L2), on BLOCK_REGISTERS a thread, an SM holds
+    BLOCK_PROGRAMS_PER_SM of its programs, and its grid fits a 132-SM GPU."""
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as f\n"
               "from harness.cli.precheck import compose_single_run\n"
               "from harness.kernels import fused_decode\n"
               "from harness.kernels.fused_decode import FusedOptions\n"
               "out = {}\n"
               "for m, waits in (('llama-3.2-1b', False), ('qwen3-0.6b', False), ('llama-3.2-1b', True)):\n"
-              "    fused_decode.BLOCK_WAITS = waits\n"
+              "    fused_decode.BLOCK_WAITS, fused_decode.BLOCK_AHEAD_TILES = waits, 4 * waits\n"
               "    model = compose_single_run(['mode=fused', 'model=' + m]).model\n"
               "    out[f'{m} waits={waits}'] = f.block_resources(model, f.step_products(model, 1, FusedOptions()), 1)\n"
               "print(json.dumps(out))")
@@ -251,6 +252,18 @@ def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its
         assert block["registers"] <= fused_decode.BLOCK_REGISTERS, (model, block)
         assert block["per_sm"] >= fused_decode.BLOCK_PROGRAMS_PER_SM, (model, block)
         assert block["programs"] <= fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS, (model, block)
+
+
+def test_the_blocks_idle_programs_ask_l2_for_the_first_tiles_of_every_gate_up_program():
+    """block_ahead on Llama-3.2-1B's gate/up (16384 paired columns in blocks of 64, K 2048 in 16 tiles of 128, bf16):
+    256 runs of 256 KiB, the first `tiles` of each asked (no more than a run holds); nothing where none is asked, or
+    gate/up is row-major, split or sliced."""
+    gate_up = fused_decode.Product(torch.empty(0, dtype=torch.bfloat16), 16384, 2048, 64, 128, 1, True, True)
+    assert fused_decode.block_ahead(gate_up, 4) == (256, 16 * 16384, 4 * 16384)
+    assert fused_decode.block_ahead(gate_up, 40) == (256, 16 * 16384, 16 * 16384)
+    assert fused_decode.block_ahead(gate_up, 0) is None
+    assert fused_decode.block_ahead(dataclasses.replace(gate_up, packed=False), 4) is None
+    assert fused_decode.block_ahead(dataclasses.replace(gate_up, splits=2), 4) is None
 
 
 def test_each_layers_block_waits_on_a_set_of_counts_that_neither_layer_beside_it_uses():

@@ -284,21 +284,27 @@ def test_the_attention_in_qkvs_tail_decodes_within_fp32_fidelity_and_a_fault_in_
     assert faulty.failure is not None and faulty.metrics["verified"] == 0.0
 
 
-@pytest.mark.parametrize("waits", [False, True], ids=["grid-barriers", "waits-for-what-it-reads"])
-def test_the_persistent_block_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch, waits):
+@pytest.mark.parametrize("waits, ahead", [(False, 0), (True, 0), (True, 4)],
+                         ids=["grid-barriers", "waits-for-what-it-reads", "waits-and-gate-up-asked-of-l2"])
+def test_the_persistent_block_decodes_within_fp32_fidelity_and_a_fault_in_it_fails(monkeypatch, waits, ahead):
     """Each layer's QKV, attention and O as one persistent kernel (BLOCK_MAX_ROWS, off by default) on the GPU: its
     programs all resident, two grid barriers a layer or each program waiting for what it reads (BLOCK_WAITS; counts
-    released and acquired across SMs, each thread fenced), captured with PDL and verified against fp32 at bs 1 and 2,
-    the plan saying so and three kernels a layer; a lost K/V append inside it fails the run."""
+    released and acquired across SMs, each thread fenced), and with gate/up's first tiles asked of L2 by the programs
+    that do not attend (BLOCK_AHEAD_TILES), captured with PDL and verified against fp32 at bs 1 and 2, the plan saying
+    so and three kernels a layer; a lost K/V append inside it fails the run."""
     from harness.kernels import fused_decode
 
     monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
     monkeypatch.setattr(fused_decode, "BLOCK_WAITS", waits)
+    monkeypatch.setattr(fused_decode, "BLOCK_AHEAD_TILES", ahead)
     for bs in (1, 2):
         result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
         assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
-        assert "; attention: with QKV and O in one persistent kernel of " in result.mode_tags["fused_plan"], \
-            result.mode_tags["fused_plan"]
+        plan = result.mode_tags["fused_plan"]
+        assert "; attention: with QKV and O in one persistent kernel of " in plan, plan
+        assert (", each waiting for what it reads" in plan) == waits, plan
+        # gate/up in packed tiles at bs=2 (at bs=1 Qwen3-0.6B's is sliced rows: nothing to ask ahead)
+        assert ("KiB a program asked of L2 by the others" in plan) == (ahead > 0 and bs == 2), plan
         assert result.metrics["kernel_launches_per_step"] == 3 * 28 + 1  # Qwen3-0.6B's 28 layers, and lm_head
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", "kv_append_lost")
     faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))

@@ -269,6 +269,12 @@ BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of
 # sets that the blocks take in turn, each block setting the next one's to 0 (block_wait_sets)
 BLOCK_WAITS = False
 WAIT_COUNTS_APART = 32
+# The persistent block's programs that do not attend (all but rows x KV heads) idle from their QKV sums to O's wait,
+# HBM idle with them but for the attention's few reads: they ask L2 for the first BLOCK_AHEAD_TILES tiles of each of
+# gate/up's programs (block_ahead: its packed tiles, one run a program, every program's first ones), so that every
+# program of the kernel after starts on tiles already in L2 and the whole kernel, not its first programs, is shorter.
+# 0: none
+BLOCK_AHEAD_TILES = 0
 # A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
 # program of the persistent block records the GPU's global timer (ns) at its start, its PDL wait, QKV's end, the first
 # barrier, the attention's end, the second barrier and its end; None in a run
@@ -1150,13 +1156,21 @@ def _mark(Times, pid, place, TIMED: tl.constexpr):
 
 
 @triton.jit
-def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr):
-    """A product's program `item` of the persistent block (items ordered as `_matvec`'s grid: column blocks first): its
-    column block, K split, and the split's columns [k_start, k_end)."""
+def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr, SPLITS: tl.constexpr):
+    """A product's program `item` of the persistent block (items ordered as `_matvec`'s grid: column blocks first; one
+    past its programs is its last's): its column block, K split, and the split's columns [k_start, k_end)."""
     blocks = tl.cdiv(n_total, BN)
+    item = tl.minimum(item, blocks * SPLITS - 1)
     pid_n, pid_k = item % blocks, item // blocks
     k_start = pid_k * k_per_split
     return pid_n, pid_k, k_start, tl.minimum(k_start + k_per_split, k_total)
+
+
+@triton.jit
+def _runs_to_l2(W, first, runs, step, run_bytes, nbytes):
+    """Runs first, first + step, ... below `runs` of W (each run_bytes long) asked of L2, the first nbytes of each."""
+    for run in range(first, runs, step):
+        _prefetch_to_l2(W.to(tl.pointer_type(tl.int8)), run * run_bytes, nbytes)
 
 
 @triton.jit
@@ -1243,7 +1257,7 @@ def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, 
     WAITS, counted in for each KV head whose attention reads its sums (`_count_in`), and the next layer's counts set
     to 0 by program 0 (`_zero_counts`)."""
     items = tl.cdiv(n_total, BN) * SPLITS
-    pid_n, pid_k, k_start, k_end = _block_item(tl.minimum(pid, items - 1), n_total, hidden, k_per_split, BN)
+    pid_n, pid_k, k_start, k_end = _block_item(pid, n_total, hidden, k_per_split, BN, SPLITS)
     w = _weight_tile(Wqkv, pid_n, k_start, k_end, n_total, hidden, k_tiles, BN, BK, PACKED)
     _pdl_wait(PDL)
     _mark(Times, pid, 1, TIMED)
@@ -1283,14 +1297,15 @@ def _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, 
 def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, AttnOut, Bump, Pos, Cos, Sin, QNorm,
                      KNorm, Keys, Values, Barrier, Waits, NextWaits, Arrivals, rows, hidden, qkv_n, qkv_k_per_split,
                      qkv_k_tiles, o_k, o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head,
-                     v_slot, o_row, spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr, QKV_BK: tl.constexpr,
-                     QKV_SPLITS: tl.constexpr, QKV_ONE_TILE: tl.constexpr, O_BN: tl.constexpr, O_BK: tl.constexpr,
-                     O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
-                     BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
-                     D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-                     APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr, PDL: tl.constexpr,
-                     SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr,
-                     WAITS: tl.constexpr, APART: tl.constexpr, Times=None, TIMED: tl.constexpr = False):
+                     v_slot, o_row, spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr,
+                     QKV_BK: tl.constexpr, QKV_SPLITS: tl.constexpr, QKV_ONE_TILE: tl.constexpr, O_BN: tl.constexpr,
+                     O_BK: tl.constexpr, O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr,
+                     DOT: tl.constexpr, BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                     GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr,
+                     ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr,
+                     PDL: tl.constexpr, SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr,
+                     WAITS: tl.constexpr, APART: tl.constexpr, Ahead=None, ahead_runs=0, ahead_run_bytes=0,
+                     ahead_bytes=0, AHEAD: tl.constexpr = False, Times=None, TIMED: tl.constexpr = False):
     """A layer's QKV (as `_matvec`'s), attention (a program a row and KV head) and O (added to the residual stream) in
     one persistent kernel (BLOCK_MAX_ROWS), a grid barrier between them or (WAITS) each program waiting for what it
     reads. PHASE 0 runs all three; 1, 2 or 3 that one alone, with no barrier (Triton's interpreter runs one program
@@ -1303,18 +1318,18 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
                    Times, TIMED, Waits, NextWaits, HEADS, KV_HEADS, D, WAITS, APART, PHASE == 0)
     else:
         _pdl_wait(PDL)
-    o_items = tl.cdiv(hidden, O_BN) * O_SPLITS
-    on, ok, o_start, o_end = _block_item(tl.minimum(pid, o_items - 1), hidden, o_k, o_k_per_split, O_BN)
-    if PHASE == 0 or PHASE == 3:  # O's first tile: in flight through the barriers and the attention
-        wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)
+    on, ok, o_start, o_end = _block_item(pid, hidden, o_k, o_k_per_split, O_BN, O_SPLITS)
+    wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)  # in flight till O's turn
     _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
     if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head)
         _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Arrivals, o_row,
                          rows, qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit,
                          pid, Times, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND,
                          IEEE, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
+    elif AHEAD:  # gate/up's programs' first tiles, one run each (block_ahead)
+        _runs_to_l2(Ahead, pid - rows * KV_HEADS, ahead_runs, programs - rows * KV_HEADS, ahead_run_bytes, ahead_bytes)
     _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
-    if (PHASE == 0 or PHASE == 3) and pid < o_items:
+    if PHASE == 0 or PHASE == 3:
         _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles, on,
                  ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS, O_BN, O_BK, O_SPLITS, O_ONE_TILE, PACKED, DOT,
                  BUMP, PDL, HEADS, KV_HEADS, D, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
@@ -1322,23 +1337,25 @@ def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, At
 
 
 @triton.jit
-def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles,
-             on, ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS: tl.constexpr, O_BN: tl.constexpr,
+def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles, on, ok,
+             o_start, o_end, eps, spin_limit, pid, Times, ROWS: tl.constexpr, O_BN: tl.constexpr,
              O_BK: tl.constexpr, O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr,
              DOT: tl.constexpr, BUMP: tl.constexpr, PDL: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
              D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr, SLEEP_NS: tl.constexpr,
              POLL_ATOMIC: tl.constexpr, FENCE: tl.constexpr, TIMED: tl.constexpr):
-    """The persistent block's O program for column block `on` and K split `ok` (its first tile `wo` loaded): where
-    WAITS, after the attention of the heads it reads; the attention's output (PLAIN input) times O, ADD-ed to the
-    residual stream, and the next kernel let launch (past both barriers or every wait: all of ours resident)."""
-    if WAITS:
-        _wait_for_heads(Waits, rows, o_start, o_end, spin_limit, HEADS, KV_HEADS, D, APART, SLEEP_NS, POLL_ATOMIC,
-                        FENCE)
-        _mark(Times, pid, 5, TIMED)
-    acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
-                                o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
-    _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3, O_SPLITS,
-                 BUMP, ROWS, O_BN, DOT, PDL, 1)
+    """The persistent block's O program `pid` for column block `on` and K split `ok` (its first tile `wo` loaded;
+    nothing past O's programs): where WAITS, after the attention of the heads it reads; the attention's output (PLAIN
+    input) times O, ADD-ed to the residual stream, and the next kernel let launch (past both barriers or every wait:
+    all of ours resident)."""
+    if pid < tl.cdiv(hidden, O_BN) * O_SPLITS:
+        if WAITS:
+            _wait_for_heads(Waits, rows, o_start, o_end, spin_limit, HEADS, KV_HEADS, D, APART, SLEEP_NS, POLL_ATOMIC,
+                            FENCE)
+            _mark(Times, pid, 5, TIMED)
+        acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
+                                    o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
+        _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3, O_SPLITS,
+                     BUMP, ROWS, O_BN, DOT, PDL, 1)
 
 
 @dataclass(frozen=True)
@@ -1524,6 +1541,16 @@ def block_programs(qkv: Product, o: Product, rows: int, kv_heads: int) -> int:
 def group_pad(heads: int, kv_heads: int) -> int:
     """The query tile's rows for a KV head's group of heads: the MMA's least (16), or the group to a power of two."""
     return max(16, triton.next_power_of_2(heads // kv_heads))
+
+
+def block_ahead(gate_up: Product, tiles: int) -> tuple[int, int, int] | None:
+    """What the persistent block's idle programs ask of L2 for gate/up (BLOCK_AHEAD_TILES): its programs' runs of
+    packed tiles (one a column block, K unsplit: SwiGLU's whole sums), each run's bytes, and the bytes asked of each,
+    its first `tiles` tiles; None where there are none, or gate/up is not packed tiles in one run a program."""
+    if tiles <= 0 or not gate_up.packed or gate_up.splits != 1 or (gate_up.choice and gate_up.choice.slices):
+        return None
+    tile_bytes = gate_up.bn * gate_up.bk * gate_up.weight.element_size()
+    return triton.cdiv(gate_up.n, gate_up.bn), gate_up.k_tiles * tile_bytes, min(tiles, gate_up.k_tiles) * tile_bytes
 
 
 def block_constants(qkv: Product, o: Product, rows: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool,
@@ -1967,8 +1994,6 @@ class FusedDecoder:
         if self.mlp_in_one:
             self._plan_mlp_in_one()
         self.block = self._fit_block()  # each layer's QKV, attention and O in one persistent kernel
-        # its programs waiting for what each reads (BLOCK_WAITS), each layer's counts in a set of three (or None)
-        self.block_sets = block_wait_sets(len(self.layers)) if self.block and BLOCK_WAITS else None
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
         self.attention_in_o = not self.block and folds_attention_into_o(options, rows, self.heads, self.kv_heads,
@@ -1991,13 +2016,19 @@ class FusedDecoder:
 
     def _fit_block(self) -> bool:
         """Whether each layer's QKV, attention and O run as the persistent block (folds_block), and if so, the layers'
-        QKV and O split as it fits them to the programs this GPU holds at once."""
+        QKV and O split as it fits them to the programs this GPU holds at once, the block's sets of counts where its
+        programs wait for what they read, and what its idle programs ask of L2."""
         first, device = self.layers[0], self.cache.layers[0].keys.device
         sms = SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
         fitted = folds_block(self.options, self.rows, self._attention_splits(), first.qkv, first.o, self.kv_heads, sms)
         if fitted is not None:
             self.layers = [replace(layer, qkv=replace(layer.qkv, splits=fitted[0].splits),
                                    o=replace(layer.o, splits=fitted[1].splits)) for layer in self.layers]
+        # its programs waiting for what each reads (BLOCK_WAITS), each layer's counts in a set of three (or None)
+        self.block_sets = block_wait_sets(len(self.layers)) if fitted and BLOCK_WAITS else None
+        # what its idle programs ask of L2 for gate/up (a GPU's bulk prefetches), or None
+        self.block_ahead = (block_ahead(first.gate_up, BLOCK_AHEAD_TILES)
+                            if fitted and not (self.mlp_in_one or interpreted()) else None)
         return fitted is not None
 
     def _layer(self, layer) -> Layer:
@@ -2170,9 +2201,12 @@ class FusedDecoder:
         if interpreted():
             for phase in (1, 2, 3):
                 _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
-        else:
-            _attention_block[(programs,)](*arguments, PHASE=0, Times=BLOCK_TIMES, TIMED=BLOCK_TIMES is not None,
-                                          **options, **self._launch(), **held_to(BLOCK_REGISTERS))
+            return
+        runs, run_bytes, asked = self.block_ahead or (0, 0, 0)
+        _attention_block[(programs,)](*arguments, PHASE=0, Ahead=layer.gate_up.weight, ahead_runs=runs,
+                                      ahead_run_bytes=run_bytes, ahead_bytes=asked, AHEAD=asked > 0,
+                                      Times=BLOCK_TIMES, TIMED=BLOCK_TIMES is not None, **options, **self._launch(),
+                                      **held_to(BLOCK_REGISTERS))
 
     def _wait_sets(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `index`'s block's counts and the next one's, which it sets to 0 (block_wait_sets; without waits, the
@@ -2269,7 +2303,10 @@ class FusedDecoder:
         """Where the step computes each layer's attention, as the run's `fused_plan` tag ends."""
         if self.block:
             programs = block_programs(self.layers[0].qkv, self.layers[0].o, self.rows, self.kv_heads)
-            return f"attention: with QKV and O in one persistent kernel of {programs} programs"
+            waits = ", each waiting for what it reads" if self.block_sets else ""
+            ahead = self.block_ahead and (f", gate/up's first {self.block_ahead[2] // 1024} KiB a program asked of "
+                                          "L2 by the others")
+            return f"attention: with QKV and O in one persistent kernel of {programs} programs{waits}{ahead or ''}"
         if self.attention_in_qkv:
             return "attention: in QKV's tail, by the program counted last for each KV head"
         if self.attention_in_o:
