@@ -382,9 +382,10 @@ PERSISTENT_VARIANTS = [("QKV, attention and O as three launches (the default)", 
 # (BLOCK_WAITS: the attention for its KV head's QKV programs, O for the attention of the heads it reads), against the
 # three launches and the block with its grid barriers; its polls by atomic reads, by volatile loads, or 200 ns apart;
 # and the programs that do not attend asking L2 for the first 2, 4 or 8 tiles of each of gate/up's programs
-# (BLOCK_AHEAD_TILES). Measured on an H200 (GPU-63437605, 2026-12-05): the waits 3.75% slower than the three launches
-# on Llama-3.2-1B at the study's workload, the grid barriers 7.2%; 200 ns apart 3.45%; Qwen3-0.6B at context 1024
-# within 0.1% either way
+# (BLOCK_AHEAD_TILES). Measured (2026-12-05): on an H200 (GPU-63437605) the waits 3.75% slower than the three launches
+# on Llama-3.2-1B at the study's workload, the grid barriers 7.2%, 200 ns apart 3.45%, Qwen3-0.6B at context 1024
+# within 0.1% either way; on an H100 (GPU-4296c36e) the waits 2.0%, the grid barriers 6.5%, 2 / 4 / 8 tiles asked of
+# L2 1.8% / 3.4% / 5.6%, Qwen3-1.7B's waits 2.45%
 BLOCK, WAITS = dict(BLOCK_MAX_ROWS=8), dict(BLOCK_MAX_ROWS=8, BLOCK_WAITS=True)
 WAITS_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
                   ("one persistent kernel, grid barriers", [], BLOCK),

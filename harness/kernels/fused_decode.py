@@ -266,14 +266,20 @@ BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of
 # at bs=1, each count polled by that head's attention programs alone), and an O program for the attention of the heads
 # its K split reads (every row's), so that no program waits for the slowest of all and no address takes every
 # program's arrival and polls. Each count on a line of L2 of its own, WAIT_COUNTS_APART int32 apart, in one of three
-# sets that the blocks take in turn, each block setting the next one's to 0 (block_wait_sets)
+# sets that the blocks take in turn, each block setting the next one's to 0 (block_wait_sets). Off: paired
+# (docs/benchmarks.md, "waiting only for what each reads"), the waits open in 0.70 and 0.96 µs where the barriers
+# held 1.76 and 1.50, and the block is 1.7 µs shorter, but Llama-3.2-1B's step at the study's workload still took
+# 3.75% longer than with three launches on an H200 (GPU-63437605; the grid barriers 7.2%) and 2.0% on an H100,
+# Qwen3-1.7B's 2.45% (H100), Qwen3-0.6B's at context 1024 the same (within 0.25%)
 BLOCK_WAITS = False
 WAIT_COUNTS_APART = 32
 # The persistent block's programs that do not attend (all but rows x KV heads) idle from their QKV sums to O's wait,
 # HBM idle with them but for the attention's few reads: they ask L2 for the first BLOCK_AHEAD_TILES tiles of each of
 # gate/up's programs (block_ahead: its packed tiles, one run a program, every program's first ones), so that every
 # program of the kernel after starts on tiles already in L2 and the whole kernel, not its first programs, is shorter.
-# 0: none
+# 0: none. Paired with the waits on an H100 (GPU-4296c36e), Llama-3.2-1B at the study's workload: 2 tiles 0.17 points
+# faster than the waits alone, 4 and 8 tiles 1.4 and 3.5 points slower (Qwen3-1.7B: 1.2 and 1.8): the prefetches go out
+# while the slower QKV programs still read (a program's QKV 7.9 µs with 4 tiles)
 BLOCK_AHEAD_TILES = 0
 # A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
 # program of the persistent block records the GPU's global timer (ns) at its start, its PDL wait, QKV's end, the first
