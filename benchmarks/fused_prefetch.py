@@ -395,7 +395,8 @@ WAITS_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {
                   ("waits, gate/up's first 2 tiles a program asked of L2", [], dict(WAITS, BLOCK_AHEAD_TILES=2)),
                   ("waits, gate/up's first 4 tiles a program asked of L2", [], dict(WAITS, BLOCK_AHEAD_TILES=4)),
                   ("waits, gate/up's first 8 tiles a program asked of L2", [], dict(WAITS, BLOCK_AHEAD_TILES=8)),
-                  ("grid barriers, gate/up's first 4 tiles a program asked of L2", [], dict(BLOCK, BLOCK_AHEAD_TILES=4))]
+                  ("grid barriers, gate/up's first 4 tiles a program asked of L2", [],
+                   dict(BLOCK, BLOCK_AHEAD_TILES=4))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
