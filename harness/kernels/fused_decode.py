@@ -1602,7 +1602,7 @@ def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> 
     return arrivals
 
 
-def block_wait_sets(layers: int) -> list[int]:
+def block_wait_sets(layers: int) -> list[int] | None:
     """Which of three sets of counts each layer's persistent block waits on (BLOCK_WAITS): layer after layer, the last
     one included, on to the next step's first, no two in a row share a set, so that a block can set the next one's
     counts to 0 (`_zero_counts`) while nothing else uses them: alternately 0 and 1, and 2 for the last of an odd count
