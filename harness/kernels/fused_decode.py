@@ -977,11 +977,9 @@ def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, 
             k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT, NORM, OUTPUT, SPLITS, BUMP, ROWS, BN, BK, PACKED, DOT,
             PDL, PREFETCH, STAGES, ONE_TILE, LAUNCH)
     pid_n = tl.program_id(0)
-    lo = pid_n * BN
-    hi = tl.minimum(lo + BN, n_total)
     tl.debug_barrier()  # every thread's partial sums written before the counts (released at the GPU's scope) say so
     for kv_head in range(KV_HEADS):
-        if _holds_kv_head(lo, hi, kv_head, HEADS, KV_HEADS, D) or pid_n == 0:
+        if _counts_for_kv_head(pid_n, n_total, kv_head, BN, HEADS, KV_HEADS, D):
             counted = tl.atomic_add(Counted + kv_head, 1, sem="acq_rel", scope="gpu")
             if counted == tl.load(Arrivals + kv_head) - 1:  # the last: every sum the head's attention reads is written
                 if FENCE:
@@ -993,11 +991,17 @@ def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, 
 
 
 @triton.jit
-def _holds_kv_head(lo, hi, kv_head, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr):
-    """Whether QKV's columns [lo, hi) hold any of the KV head's: its group's q, its k or its v (kv_head_arrivals)."""
+def _counts_for_kv_head(pid_n, n_total, kv_head, BN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                        D: tl.constexpr):
+    """Whether QKV's block pid_n of BN columns counts itself in for the KV head (kv_head_arrivals): it holds any of the
+    head's columns (its group's q, its k or its v), or it is block 0, which writes the norm's squares every head
+    reads."""
+    lo = pid_n * BN
+    hi = tl.minimum(lo + BN, n_total)
     group_width = HEADS // KV_HEADS * D
     q, k, v = kv_head * group_width, (HEADS + kv_head) * D, (HEADS + KV_HEADS + kv_head) * D
-    return ((lo < q + group_width) & (q < hi)) | ((lo < k + D) & (k < hi)) | ((lo < v + D) & (v < hi))
+    holds = ((lo < q + group_width) & (q < hi)) | ((lo < k + D) & (k < hi)) | ((lo < v + D) & (v < hi))
+    return holds | (pid_n == 0)
 
 
 @triton.jit
@@ -1126,14 +1130,21 @@ def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC:
         tl.atomic_xchg(Barrier, 0, sem="relaxed", scope="gpu")
         tl.atomic_add(at, 1, sem="release", scope="gpu")
     else:
-        seen, spins = generation, 0
-        while (seen == generation) & (spins < spin_limit):
-            if SLEEP_NS > 0:
-                _sleep(SLEEP_NS)
-            seen = _poll(at, ATOMIC)
-            spins += 1
+        _poll_until(at, generation, generation + 1, spin_limit, SLEEP_NS, ATOMIC)
     _fence_at_gpu_scope()
     tl.debug_barrier()
+
+
+@triton.jit
+def _poll_until(at, seen, target, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr):
+    """Poll `at` (`seen` its value so far) until it reaches `target`, SLEEP_NS apart where > 0, spin_limit polls at
+    most. Compared as a difference, so that a value that only grows may wrap past int32's largest."""
+    spins = 0
+    while (seen - target < 0) & (spins < spin_limit):
+        if SLEEP_NS > 0:
+            _sleep(SLEEP_NS)
+        seen = _poll(at, ATOMIC)
+        spins += 1
 
 
 @triton.jit
@@ -1191,20 +1202,15 @@ def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, GRID: tl.co
 
 
 @triton.jit
-def _count_in(Waits, pid, n_total, BN: tl.constexpr, SPLITS: tl.constexpr, HEADS: tl.constexpr,
-              KV_HEADS: tl.constexpr, D: tl.constexpr, APART: tl.constexpr, FENCE: tl.constexpr):
-    """The persistent block's QKV program `pid` counts itself in for each KV head whose columns it holds, and block
-    0's for every head (the norm's squares): kv_head_arrivals. One fence at the GPU's scope after every thread's
-    stores (FENCE: a GPU), then relaxed adds, in flight together (a release each would wait for the one before)."""
-    blocks = tl.cdiv(n_total, BN)
-    if pid < blocks * SPLITS:
-        pid_n = pid % blocks
-        lo = pid_n * BN
-        hi = tl.minimum(lo + BN, n_total)
-        _stores_then_fence(FENCE)
-        for kv_head in range(KV_HEADS):
-            if _holds_kv_head(lo, hi, kv_head, HEADS, KV_HEADS, D) or pid_n == 0:
-                tl.atomic_add(Waits + kv_head * APART, 1, sem="relaxed", scope="gpu")
+def _count_in(Waits, pid_n, n_total, BN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
+              APART: tl.constexpr, FENCE: tl.constexpr):
+    """The persistent block's QKV program of column block pid_n counts itself in for each KV head it counts for
+    (`_counts_for_kv_head`). One fence at the GPU's scope after every thread's stores (FENCE: a GPU), then relaxed
+    adds, in flight together (a release each would wait for the one before)."""
+    _stores_then_fence(FENCE)
+    for kv_head in range(KV_HEADS):
+        if _counts_for_kv_head(pid_n, n_total, kv_head, BN, HEADS, KV_HEADS, D):
+            tl.atomic_add(Waits + kv_head * APART, 1, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -1221,12 +1227,7 @@ def _wait_for(Count, needed, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.cons
     """Wait until Count holds `needed` arrivals (never set back here: `_zero_counts` does, a layer ahead). Past
     spin_limit polls a program goes on (wrong sums, never a GPU hung). FENCE: every thread then fences at the GPU's
     scope, so that its loads of what other SMs stored are not served by a stale line in this SM's L1."""
-    seen, spins = _poll(Count, ATOMIC), 0
-    while (seen < needed) & (spins < spin_limit):
-        if SLEEP_NS > 0:
-            _sleep(SLEEP_NS)
-        seen = _poll(Count, ATOMIC)
-        spins += 1
+    _poll_until(Count, _poll(Count, ATOMIC), needed, spin_limit, SLEEP_NS, ATOMIC)
     if FENCE:
         _fence_at_gpu_scope()
     tl.debug_barrier()
@@ -1274,8 +1275,8 @@ def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, 
                                     k_tiles, pid_n, 0, INPUT, True, ROWS, BN, BK, PACKED, DOT, False, 0, ONE_TILE)
         _product_out(acc, squares, Parts, Squares, Bump, rows, n_total, n_total, hidden, eps, pid_n, pid_k, True, 0,
                      SPLITS, False, ROWS, BN, DOT, PDL, -1)
-    if WAITS:
-        _count_in(Waits, pid, n_total, BN, SPLITS, HEADS, KV_HEADS, D, APART, FENCE)
+        if WAITS:
+            _count_in(Waits, pid_n, n_total, BN, HEADS, KV_HEADS, D, APART, FENCE)
 
 
 @triton.jit
@@ -1591,7 +1592,7 @@ def folds_block(options: FusedOptions, rows: int, chunks: int, qkv: Product, o: 
 
 def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> list[int]:
     """For each KV head, the programs of the QKV product that count themselves in for it in `_qkv_attention`: every
-    K split of each block of qkv.bn columns that holds any of its group's q, its k or its v (as `_holds_kv_head`
+    K split of each block of qkv.bn columns that holds any of its group's q, its k or its v (as `_counts_for_kv_head`
     decides), and of the first block, which writes the norm's squares that every head's attention reads."""
     group_width, arrivals = heads // kv_heads * head_dim, []
     for kv_head in range(kv_heads):
