@@ -19,27 +19,17 @@ from harness.modes.fused import FusedMode
 
 QKV, ATTENTION, O, GATE_UP, DOWN = ("qkv (norm, matvec)", "attention (rope, append, split-KV, merge)", "o_proj",
                                     "gate/up (norm, matvec, SiLU)", "down_proj")
-MLP, QKV_ATTENTION, ATTENTION_O = ("mlp in one (gate/up, SiLU, down)", "qkv with the attention in its tail",
-                                   "o_proj with the attention in it")
-BLOCK = "qkv, attention and o_proj in one persistent kernel"
 STEPS = 50
 
 
 def layer_kernels(decoder) -> tuple[str, ...]:
-    """A layer's kernels in launch order, as the decoder plans them: the attention folded into one (the default), as
-    three, in QKV's tail or O, or with QKV and O in one persistent kernel; the MLP as gate/up then down, or in one
-    kernel."""
-    if decoder.block:
-        attention = (BLOCK,)
-    elif decoder.attention_in_qkv:
-        attention = (QKV_ATTENTION, O)
-    elif decoder.attention_in_o:
-        attention = (QKV, ATTENTION_O)
-    elif decoder.options.fold_attention:
+    """A layer's kernels in launch order, as the decoder plans them: the attention folded into one (the default), or
+    as three."""
+    if decoder.options.fold_attention:
         attention = (QKV, ATTENTION, O)
     else:
         attention = (QKV, "rope + K/V append", "attention split-KV", "attention merge", O)
-    return attention + ((MLP,) if decoder.mlp_in_one else (GATE_UP, DOWN))
+    return attention + (GATE_UP, DOWN)
 
 
 def weight_bytes(decoder) -> dict[str, float]:
@@ -47,16 +37,10 @@ def weight_bytes(decoder) -> dict[str, float]:
     per = defaultdict(float)
     names = layer_kernels(decoder)
     for layer in decoder.layers:
-        products = {QKV: layer.qkv, QKV_ATTENTION: layer.qkv, O: layer.o, GATE_UP: layer.gate_up, DOWN: layer.down}
+        products = {QKV: layer.qkv, O: layer.o, GATE_UP: layer.gate_up, DOWN: layer.down}
         for name in names:
             if name in products:
                 per[name] += products[name].n * products[name].k * products[name].weight.element_size()
-        if BLOCK in names:
-            per[BLOCK] += sum(p.n * p.k * p.weight.element_size() for p in (layer.qkv, layer.o))
-        if layer.mlp is not None:
-            per[MLP] += sum(t.numel() * t.element_size() for t in (layer.mlp.pair, layer.mlp.down))
-        if layer.o_groups is not None:
-            per[ATTENTION_O] += layer.o_groups.numel() * layer.o_groups.element_size()
     per["final norm + lm_head"] = decoder.lm_head.n * decoder.lm_head.k * decoder.lm_head.weight.element_size()
     return per
 

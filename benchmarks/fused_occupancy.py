@@ -125,38 +125,6 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
     return cubin_registers(compiled), compiled.metadata.shared, wide_loads
 
 
-BLOCK_POINTERS = dict(X="*fp32", Residual="*fp32", Ids="*i64", Gain="*bf16", Wqkv="*bf16", Parts="*fp32",
-                      Squares="*fp32", Wo="*bf16", AttnOut="*bf16", Bump="*i64", Pos="*i64", Cos="*fp32", Sin="*fp32",
-                      QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", Barrier="*i32", Waits="*i32",
-                      NextWaits="*i32", Arrivals="*i32", Ahead="*bf16", Times="*i64")
-
-
-def block_resources(model_cfg, products: dict[str, fused_decode.Product], rows: int) -> dict:
-    """The persistent block (`_attention_block`: QKV, attention and O, BLOCK_MAX_ROWS) of a layer past the first,
-    its products fitted as the step fits them (block_products), compiled for sm_90 on BLOCK_REGISTERS a thread:
-    its programs, registers a thread, shared bytes and how many programs an SM holds, which its grid barrier needs to
-    be at least BLOCK_PROGRAMS_PER_SM (every program resident at once)."""
-    fitted = fused_decode.block_products(products["qkv"], products["o"],
-                                         fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS)
-    assert fitted is not None, "the block's products do not fit its programs"
-    qkv, o = fitted
-    kernel = fused_decode._attention_block
-    constants = dict(fused_decode.block_constants(qkv, o, rows, model_cfg.num_attention_heads,
-                                                  model_cfg.num_key_value_heads, model_cfg.head_dim,
-                                                  model_cfg.model_type == "qwen3"), PHASE=0, PDL=True, TIMED=False,
-                     AHEAD=fused_decode.BLOCK_AHEAD_TILES > 0)
-    integers = [name for name in kernel.arg_names if name not in BLOCK_POINTERS and name not in constants]
-    signature = {**BLOCK_POINTERS, **{name: "fp32" if name in ("eps", "scale") else "i32" for name in integers},
-                 **dict.fromkeys(constants, "constexpr")}
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in BLOCK_POINTERS}
-    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
-                              options=dict(num_warps=qkv.warps, maxnreg=fused_decode.BLOCK_REGISTERS))
-    registers = cubin_registers(compiled)
-    return dict(programs=fused_decode.block_programs(qkv, o, rows, model_cfg.num_key_value_heads),
-                registers=registers, shared=compiled.metadata.shared,
-                per_sm=programs_an_sm(registers, qkv.warps, compiled.metadata.shared))
-
-
 def cubin_registers(compiled) -> int:
     """Registers a thread of a compiled kernel, as ptxas allocated them (cuobjdump -res-usage)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -207,8 +175,6 @@ def main(overrides: list[str], variants: list | None) -> None:
             setattr(fused_decode, constant, value)
         products = step_products(cfg.model, cfg.bs, options)
         print_table(name, occupancy_rows(products, cfg.bs))
-        if cfg.bs <= fused_decode.BLOCK_MAX_ROWS:
-            print("the persistent block (QKV, attention, O):", block_resources(cfg.model, products, cfg.bs))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,6 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set first model=...       # the new token's K/V from registers or the cache
     python benchmarks/fused_prefetch.py --set wait model=...        # the attention's reads before its PDL wait
     python benchmarks/fused_prefetch.py --set launch model=...      # where each kernel lets the next launch
-    python benchmarks/fused_prefetch.py --set into_o model=...      # the attention folded into the O product
-    python benchmarks/fused_prefetch.py --set into_qkv model=...    # the attention in the QKV product's tail
-    python benchmarks/fused_prefetch.py --set mlp model=...         # gate/up, SiLU·mul and down in one kernel
     python benchmarks/fused_prefetch.py --set slices model=...      # a slice's values a thread; gate/up as tiles
     python benchmarks/fused_prefetch.py --set queries model=...     # the chunk's first K/V before the queries
     python benchmarks/fused_prefetch.py --set rules model=...       # the slice rule against the kernels before
@@ -29,8 +26,6 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set tma_first model=...   # what a TMA program copies before its PDL wait
     python benchmarks/fused_prefetch.py --set large_tiles model=...  # the large products' TMA tiles, K splits
     python benchmarks/fused_prefetch.py --set qkv_splits model=...  # QKV split for one program an SM (2048 wide)
-    python benchmarks/fused_prefetch.py --set persistent model=...  # QKV, attention and O as one persistent kernel
-    python benchmarks/fused_prefetch.py --set waits model=...       # that kernel's programs waiting for what they read
     python benchmarks/fused_prefetch.py --set products model=...    # the products' K splits and tile shapes
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
@@ -149,35 +144,6 @@ LAUNCH_VARIANTS = [("the default (launch_point: a gate/up sliced on 8 warps afte
                    ("tiles after their stores", [], launch_at(TILES, AT_END))] + [
     (f"{kind} after its stores", [], launch_at([kind], AT_END)) for kind in SLICES] + [
     ("every product after its loop (before launch_point's rule)", [], launch_at(EVERY, AFTER_LOOP))]
-# `--set into_o`: each layer's attention folded into its O product (one launch a layer fewer), at one row or up to 8,
-# with its registers held to 128 a thread (the default when folded) or left to ptxas
-INTO_O_VARIANTS = [("attention and O apart (the default)", [], {}),
-                   ("attention folded into O", [], dict(ATTENTION_IN_O_MAX_ROWS=8)),
-                   ("attention folded into O, registers left to ptxas", [],
-                    dict(ATTENTION_IN_O_MAX_ROWS=8, ATTENTION_O_REGISTERS=None))]
-# `--set into_qkv`: each layer's attention in its QKV product's tail, computed by the program counted last for each KV
-# head (one launch a layer fewer), on 64 registers a thread (the default when on), 128, or as ptxas allocates
-INTO_QKV_VARIANTS = [("attention in its own kernel (the default)", [], {}),
-                     ("attention in QKV's tail, 64 registers", [], dict(ATTENTION_IN_QKV_MAX_ROWS=8)),
-                     ("attention in QKV's tail, 128 registers", [],
-                      dict(ATTENTION_IN_QKV_MAX_ROWS=8, QKV_ATTENTION_REGISTERS=128)),
-                     ("attention in QKV's tail, registers left to ptxas", [],
-                      dict(ATTENTION_IN_QKV_MAX_ROWS=8, QKV_ATTENTION_REGISTERS=None))]
-# `--set mlp`: each layer's MLP in one kernel (gate/up's columns and their share of down, added into the next layer's
-# residual buffer), its slice of down asked of L2 or not, wider slices (a program an SM), its registers left to ptxas,
-# and with the attention in QKV's tail too (three kernels a layer)
-MLP_VARIANTS = [("gate/up, then down (the default)", [], {}),
-                ("MLP in one kernel", [], dict(MLP_IN_ONE_MAX_ROWS=8)),
-                ("MLP in one kernel, down not asked of L2", [], dict(MLP_IN_ONE_MAX_ROWS=8, MLP_DOWN_TO_L2=False)),
-                ("MLP in one kernel, twice the columns a program", [],
-                 dict(MLP_IN_ONE_MAX_ROWS=8, MLP_PROGRAMS=fused_decode.SMS // 2)),
-                ("MLP in one kernel, registers left to ptxas", [], dict(MLP_IN_ONE_MAX_ROWS=8, MLP_REGISTERS=None)),
-                ("MLP in one kernel, attention in QKV's tail", [],
-                 dict(MLP_IN_ONE_MAX_ROWS=8, ATTENTION_IN_QKV_MAX_ROWS=8))]
-# `--set slices`: fused.slices' values a thread (64, the default before the slice rules: 32 or 128), and gate/up as
-# tiles instead of slices (which fused.tune took for Llama-3.2-1B before gate/up launched the next kernel after its
-# stores), after its loop or after its stores; each row with the rules as they were when leases X6 and Y2 paired them
-# (BEFORE_RULES), so that its label holds under today's defaults
 BEFORE_RULES = dict(SLICE_VALUES_A_THREAD_NARROW=64)
 SLICES_VARIANTS = [("64 values a thread (the default before the slice rules)", [], BEFORE_RULES),
                    ("32 values a thread", [],
@@ -360,69 +326,26 @@ LARGE_TILES_VARIANTS = [("the rules (64 x 128 tiles, 4 stages)", [], {}),
 QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
-# `--set persistent`: each layer's QKV, attention and O as one persistent kernel (a grid barrier where a kernel ended,
-# O's first tiles loaded before it), against the default's three launches, at one row or up to 8: two programs an SM
-# or one (fewer K splits), the barrier's polls back to back or 100 ns apart, atomic reads or volatile loads, and the
-# registers a thread held to 128 (none spilled), 96 or 64 (16 and 224 bytes spilled: more room beside it for the
-# kernels before and after, under PDL). Paired on two H100s and an H200 (docs/benchmarks.md, "QKV, attention and O as
-# one persistent kernel"): the block 6.6-7.3% slower on Llama-3.2-1B at the study's workload, 7.0% on Qwen3-1.7B, the
-# same on Qwen3-0.6B at context 1024; no variant faster than the three launches by more than 0.14% (Qwen3-0.6B, 64
-# registers)
-PERSISTENT_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
-                       ("QKV, attention and O as one persistent kernel", [], dict(BLOCK_MAX_ROWS=8)),
-                       ("one persistent kernel, 1 program an SM", [], dict(BLOCK_MAX_ROWS=8,
-                                                                             BLOCK_PROGRAMS_PER_SM=1)),
-                       ("one persistent kernel, polls 100 ns apart", [], dict(BLOCK_MAX_ROWS=8,
-                                                                               BARRIER_POLL_SLEEP_NS=100)),
-                       ("one persistent kernel, polls by volatile loads", [], dict(BLOCK_MAX_ROWS=8,
-                                                                                    BARRIER_POLL_ATOMIC=False)),
-                       ("one persistent kernel, 96 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=96)),
-                       ("one persistent kernel, 64 registers", [], dict(BLOCK_MAX_ROWS=8, BLOCK_REGISTERS=64))]
-# `--set waits`: the persistent block with no grid barrier, each program waiting only for what it reads
-# (BLOCK_WAITS: the attention for its KV head's QKV programs, O for the attention of the heads it reads), against the
-# three launches and the block with its grid barriers; its polls by atomic reads, by volatile loads, or 200 ns apart;
-# and the programs that do not attend asking L2 for the first 2, 4 or 8 tiles of each of gate/up's programs
-# (BLOCK_AHEAD_TILES). Measured (2026-12-05): on an H200 (GPU-63437605) the waits 3.75% slower than the three launches
-# on Llama-3.2-1B at the study's workload, the grid barriers 7.2%, 200 ns apart 3.45%, Qwen3-0.6B at context 1024
-# within 0.1% either way; on an H100 (GPU-4296c36e) the waits 2.0%, the grid barriers 6.5%, 2 / 4 / 8 tiles asked of
-# L2 1.8% / 3.4% / 5.6%, Qwen3-1.7B's waits 2.45%
-BLOCK, WAITS = dict(BLOCK_MAX_ROWS=8), dict(BLOCK_MAX_ROWS=8, BLOCK_WAITS=True)
-WAITS_VARIANTS = [("QKV, attention and O as three launches (the default)", [], {}),
-                  ("one persistent kernel, grid barriers", [], BLOCK),
-                  ("one persistent kernel, each program waiting for what it reads", [], WAITS),
-                  ("the same, polls by volatile loads", [], dict(WAITS, BARRIER_POLL_ATOMIC=False)),
-                  ("the same, polls 200 ns apart", [], dict(WAITS, BARRIER_POLL_SLEEP_NS=200)),
-                  ("waits, gate/up's first 2 tiles a program asked of L2", [], dict(WAITS, BLOCK_AHEAD_TILES=2)),
-                  ("waits, gate/up's first 4 tiles a program asked of L2", [], dict(WAITS, BLOCK_AHEAD_TILES=4)),
-                  ("waits, gate/up's first 8 tiles a program asked of L2", [], dict(WAITS, BLOCK_AHEAD_TILES=8)),
-                  ("grid barriers, gate/up's first 4 tiles a program asked of L2", [],
-                   dict(BLOCK, BLOCK_AHEAD_TILES=4))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
-        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS, "into_o": INTO_O_VARIANTS,
-        "into_qkv": INTO_QKV_VARIANTS, "mlp": MLP_VARIANTS,
+        "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
-        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS, "persistent": PERSISTENT_VARIANTS,
-        "waits": WAITS_VARIANTS}
+        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS}
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
     "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
     "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
     "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
-    "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "ATTENTION_IN_O_MAX_ROWS", "ATTENTION_O_REGISTERS",
-    "ATTENTION_IN_QKV_MAX_ROWS", "QKV_ATTENTION_REGISTERS",
-    "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
+    "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
     "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
-    "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "MLP_IN_ONE_MAX_ROWS", "MLP_DOWN_TO_L2", "MLP_PROGRAMS",
-    "MLP_REGISTERS", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
+    "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT",
-    "QKV_ONE_AN_SM_MAX_ROWS", "BLOCK_MAX_ROWS", "BLOCK_PROGRAMS_PER_SM", "BLOCK_REGISTERS",
-    "BARRIER_POLL_SLEEP_NS", "BARRIER_POLL_ATOMIC", "BLOCK_WAITS", "BLOCK_AHEAD_TILES")}
+    "QKV_ONE_AN_SM_MAX_ROWS")}
 
 
 def set_constants(constants: dict) -> None:

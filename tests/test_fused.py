@@ -80,297 +80,6 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
     assert_same_cache(run, eager, start + 4, length=start + 4)  # the new tokens' K/V, appended where eager's are
 
 
-@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
-def test_the_attention_folded_into_o_computes_eager_logits_and_cache(family, context, monkeypatch):
-    """Each layer's attention computed inside its O product (ATTENTION_IN_O_MAX_ROWS): every block of O's columns
-    computes its KV head's attention again and the first appends the new K/V; the logits and the cache are eager's,
-    over prefixes of one block and of three (two blocks of O's columns, two KV heads, two rows)."""
-    monkeypatch.setattr(fused_decode, "ATTENTION_IN_O_MAX_ROWS", 2)
-    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
-    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
-    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
-    assert decoder.attention_in_o and decoder.kernels_per_step() == 4 * len(decoder.layers) + 1
-    assert decoder.hidden // fused_decode.attention_o_block(decoder.hidden, decoder.kv_heads) == 2
-    decode_like_eager(eager, run, decoder, 3)
-    assert_same_cache(run, eager, context + 3, length=context + 3)
-
-
-def test_the_attention_folds_into_o_only_where_asked_and_one_chunk_a_kv_head(monkeypatch):
-    fold = fused_decode.folds_attention_into_o
-    assert not fold(FusedOptions(), 1, 32, 8, 1)  # ATTENTION_IN_O_MAX_ROWS: 0, off
-    monkeypatch.setattr(fused_decode, "ATTENTION_IN_O_MAX_ROWS", 8)
-    assert fold(FusedOptions(), 1, 32, 8, 1) and fold(FusedOptions(), 8, 16, 8, 1)
-    assert not fold(FusedOptions(), 9, 32, 8, 1)  # more rows
-    assert not fold(FusedOptions(), 1, 32, 8, 2)  # chunks to merge
-    assert not fold(FusedOptions(fold_attention=False), 1, 32, 8, 1)
-    assert not fold(FusedOptions(), 1, 24, 8, 1)  # a group of three heads
-
-
-@pytest.mark.parametrize("fold", ["ATTENTION_IN_O_MAX_ROWS", "ATTENTION_IN_QKV_MAX_ROWS", "BLOCK_MAX_ROWS"],
-                         ids=["into-o", "into-qkv", "persistent-block"])
-def test_a_fault_inside_the_attention_folded_into_o_or_qkv_changes_what_it_computes(monkeypatch, fold):
-    """The built-in faults act in the attention folded into O, into QKV's tail, or in the persistent block too: RoPE a
-    slot off, or the new K/V never appended."""
-    monkeypatch.setattr(fused_decode, fold, 2)
-    eager, run, decoder = fused_and_eager()
-    folded = {"ATTENTION_IN_O_MAX_ROWS": decoder.attention_in_o, "ATTENTION_IN_QKV_MAX_ROWS": decoder.attention_in_qkv,
-              "BLOCK_MAX_ROWS": decoder.block}
-    assert folded[fold] and sum(folded.values()) == 1
-    with torch.inference_mode():
-        want = eager.step()
-        decoder.rope_shift = 1
-        assert not torch.allclose(decoder.step(), want, atol=1e-3)
-        run.rewind()
-        decoder.rope_shift, decoder.append = 0, False
-        for layer in run.cache.layers:
-            layer.keys[:, :, eager.context_len] = 0
-        decoder.step()
-        assert all(layer.keys[:, :, eager.context_len].eq(0).all() for layer in run.cache.layers)
-
-
-@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
-def test_the_attention_in_qkvs_tail_computes_eager_logits_and_cache(family, context, monkeypatch):
-    """Each layer's attention computed in the tail of its QKV product (ATTENTION_IN_QKV_MAX_ROWS) by the program counted
-    last for each KV head: the logits and the cache are eager's over prefixes of one block and of three, with QKV
-    split over K and in blocks narrower than a head's columns (several programs count in for each head, and the
-    first block for every head), two rows, at layer 0 from the embedding rows."""
-    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2)
-    monkeypatch.setattr(fused_decode, "INTERPRETED_BN", 8)  # tiny's heads are 16 wide: two blocks a head
-    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256")
-    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
-    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
-    qkv = decoder.layers[0].qkv
-    assert decoder.attention_in_qkv and not decoder.attention_in_o and qkv.splits > 1 and qkv.bn < decoder.head_dim
-    assert decoder.kernels_per_step() == 4 * len(decoder.layers) + 1
-    assert decoder.attention_plan() == "attention: in QKV's tail, by the program counted last for each KV head"
-    decode_like_eager(eager, run, decoder, 3, after_each=lambda: _assert(not decoder.qkv_counted.any()))
-    assert_same_cache(run, eager, context + 3, length=context + 3)
-
-
-@pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
-@pytest.mark.parametrize("context", [8, 130], ids=["one-block", "three-blocks"])
-@pytest.mark.parametrize("waits", [False, True], ids=["grid-barriers", "waits-for-what-it-reads"])
-def test_the_persistent_block_computes_eager_logits_and_cache(family, context, waits, monkeypatch):
-    """Each layer's QKV, attention and O as one persistent kernel (BLOCK_MAX_ROWS), its three phases launched one after
-    another as Triton's interpreter runs it: the logits and the cache are eager's over prefixes of one block and of
-    three, two rows, QKV in blocks narrower than a head and split over K (its programs mapped to column blocks and
-    splits as `_matvec`'s grid), more programs than O has (those past O's do nothing there), at layer 0 from the
-    embedding rows. With each program waiting for what it reads (BLOCK_WAITS; three layers, so that the blocks take
-    all three sets of counts), after each step every layer's set but the first holds as many QKV arrivals for each KV
-    head as kv_head_arrivals plans and an attention count for each row, and the first layer's is set back to 0."""
-    monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 2)
-    monkeypatch.setattr(fused_decode, "BLOCK_WAITS", waits)
-    monkeypatch.setattr(fused_decode, "INTERPRETED_BN", 8)  # tiny's heads are 16 wide: two blocks a head
-    layers = ["model.num_hidden_layers=3"] if waits else []
-    cfg, model, prompt = tiny_model_and_prompt(*family, f"context_len={context}", "cache_len=256", *layers)
-    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
-    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
-    qkv, o = decoder.layers[0].qkv, decoder.layers[0].o
-    assert decoder.block and not (decoder.attention_in_o or decoder.attention_in_qkv)
-    assert qkv.splits > 1 and qkv.grid[0] > 1 and o.grid[0] * o.grid[1] < qkv.grid[0] * qkv.grid[1]
-    assert decoder.kernels_per_step() == 3 * len(decoder.layers) + 1
-    programs = qkv.grid[0] * qkv.grid[1]
-    said = ", each waiting for what it reads" if waits else ""
-    assert decoder.attention_plan() == f"attention: with QKV and O in one persistent kernel of {programs} programs{said}"
-    assert decoder.block_sets == ([0, 1, 2] if waits else None)
-
-    def counts_balance():
-        counts, kv_heads = decoder.block_waits[:, :, 0].tolist(), decoder.kv_heads
-        want = decoder.qkv_arrivals.tolist() + [decoder.rows] * kv_heads
-        assert counts == [[0] * 2 * kv_heads, want, want] if waits else not decoder.block_waits.any()
-
-    decode_like_eager(eager, run, decoder, 3, after_each=counts_balance)
-    assert_same_cache(run, eager, context + 3, length=context + 3)
-
-
-def test_the_persistent_block_runs_only_where_asked_and_fits_its_programs_on_the_gpu_at_once(monkeypatch):
-    """folds_block on Llama-3.2-1B's QKV and O plans (48 and 32 blocks of 64 columns, K in tiles of 128): off by
-    default; where on, each product keeps the rules' K splits if its programs fit BLOCK_PROGRAMS_PER_SM an SM, else
-    fewer that cut K into whole tiles; refused past its rows, with chunks to merge, TMA's tiles, sliced or prefetched
-    products, fused.tune, or products that even unsplit do not fit."""
-    product = lambda n, splits, **kw: fused_decode.Product(torch.empty(0), n, 2048, 64, 128, splits, True, True, 8,
-                                                           **kw)
-    qkv, o = product(3072, 4), product(2048, 8)
-    fold = lambda options=FusedOptions(), rows=1, chunks=1, q=qkv, p=o, sms=132: fused_decode.folds_block(
-        options, rows, chunks, q, p, 8, sms)
-    assert fold() is None  # BLOCK_MAX_ROWS: 0, off
-    monkeypatch.setattr(fused_decode, "BLOCK_MAX_ROWS", 1)
-    assert [p.splits for p in fold()] == [4, 8]  # 192 and 256 programs: within 264
-    assert [p.splits for p in fold(sms=100)] == [4, 4]  # O's 256 past 200: 4 splits of 512 columns
-    assert [p.splits for p in fold(sms=40)] == [1, 2]  # QKV's 48 blocks past 80 at 2 splits: 1
-    assert fused_decode.block_programs(*fold(), 1, 8) == 256
-    assert fold(sms=20) is None  # QKV's 48 blocks unsplit past 40
-    assert fold(rows=2) is None and fold(chunks=2) is None
-    assert fold(FusedOptions(tune=True)) is None and fold(FusedOptions(fold_attention=False)) is None
-    assert fold(q=dataclasses.replace(qkv, descriptor=object())) is None
-    assert fold(p=dataclasses.replace(o, prefetch_bytes=1 << 20)) is None
-    assert fold(p=dataclasses.replace(o, warps=4)) is None  # one kernel: one number of warps
-    # 3 splits (144 programs) fit 200, but 2048 / 3 columns are not whole tiles of 128: 2
-    assert fused_decode.block_products(product(3072, 3), o, 200)[0].splits == 2
-
-
-def test_the_block_phases_benchmark_reads_each_phase_and_each_barriers_hold_from_the_programs_times(monkeypatch):
-    """benchmarks/block_phases.py from two replays of four programs' timer readings (ns), two of them attending: each
-    phase's median over the programs that run it (the attention's over its two alone), each barrier's span from its
-    last arrival to its first program past it, and the grid's spans."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import block_phases
-
-    # places: start, PDL wait, QKV done, barrier 1 passed, attention done, barrier 2 passed, O done
-    one = torch.tensor([[0, 100, 1100, 3000, 6000, 7000, 9000], [0, 100, 1300, 3000, 7000, 7100, 9100],
-                        [200, 300, 2000, 3100, 3100, 7200, 9000], [200, 300, 1500, 3000, 3000, 7000, 9500]])
-    spans = {what: pytest.approx(us) for what, us in block_phases.phases([one, one + 1000], 4, 2)}
-    assert spans["PDL wait -> QKV done (median a program)"] == 1.2  # 1.0, 1.2, 1.7, 1.2 µs
-    assert spans["barrier 1 passed -> attention done (median a program)"] == 3.5  # programs 0 and 1 alone: 3.0, 4.0
-    assert spans["barrier 1: its last arrival to its first program past it"] == 1.0  # 3000 - 2000
-    assert spans["barrier 2: its last arrival to its first program past it"] == 0.0  # 7000 - 7000
-    assert spans["first start to last end"] == 9.5 and spans["first start to barrier 1's last arrival"] == 2.0
-    # each program waiting for what it reads: from the last arrival to the last program past its wait
-    waits = {what: pytest.approx(us) for what, us in block_phases.phases([one, one + 1000], 4, 2, waits=True)}
-    assert waits["barrier 1's waits: the last arrival to the last program past them"] == 1.1  # 3100 - 2000
-    assert waits["barrier 2's waits: the last arrival to the last program past them"] == 0.2  # 7200 - 7000
-
-
-def test_the_persistent_block_compiles_for_sm90_to_as_many_programs_an_sm_as_its_barrier_needs():
-    """The grid barrier, or the waits for what each program reads, open only if every program of the block is
-    resident at once: compiled for sm_90 (Triton's ahead-of-time compiler) with Llama-3.2-1B's and Qwen3-0.6B's plans
-    at bs=1, either way (the waits with gate/up's tiles asked of L2), on BLOCK_REGISTERS a thread, an SM holds
-    BLOCK_PROGRAMS_PER_SM of its programs, and its grid fits a 132-SM GPU."""
-    script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as f\n"
-              "from harness.cli.precheck import compose_single_run\n"
-              "from harness.kernels import fused_decode\n"
-              "from harness.kernels.fused_decode import FusedOptions\n"
-              "out = {}\n"
-              "for m, waits in (('llama-3.2-1b', False), ('qwen3-0.6b', False), ('llama-3.2-1b', True)):\n"
-              "    fused_decode.BLOCK_WAITS, fused_decode.BLOCK_AHEAD_TILES = waits, 4 * waits\n"
-              "    model = compose_single_run(['mode=fused', 'model=' + m]).model\n"
-              "    out[f'{m} waits={waits}'] = f.block_resources(model, f.step_products(model, 1, FusedOptions()), 1)\n"
-              "print(json.dumps(out))")
-    for model, block in json.loads(compiled_for_the_gpu(script).splitlines()[-1]).items():
-        assert block["registers"] <= fused_decode.BLOCK_REGISTERS, (model, block)
-        assert block["per_sm"] >= fused_decode.BLOCK_PROGRAMS_PER_SM, (model, block)
-        assert block["programs"] <= fused_decode.BLOCK_PROGRAMS_PER_SM * fused_decode.SMS, (model, block)
-
-
-def test_the_blocks_idle_programs_ask_l2_for_the_first_tiles_of_every_gate_up_program():
-    """block_ahead on Llama-3.2-1B's gate/up (16384 paired columns in blocks of 64, K 2048 in 16 tiles of 128, bf16):
-    256 runs of 256 KiB, the first `tiles` of each asked (no more than a run holds); nothing where none is asked, or
-    gate/up is row-major, split or sliced."""
-    gate_up = fused_decode.Product(torch.empty(0, dtype=torch.bfloat16), 16384, 2048, 64, 128, 1, True, True)
-    assert fused_decode.block_ahead(gate_up, 4) == (256, 16 * 16384, 4 * 16384)
-    assert fused_decode.block_ahead(gate_up, 40) == (256, 16 * 16384, 16 * 16384)
-    assert fused_decode.block_ahead(gate_up, 0) is None
-    assert fused_decode.block_ahead(dataclasses.replace(gate_up, packed=False), 4) is None
-    assert fused_decode.block_ahead(dataclasses.replace(gate_up, splits=2), 4) is None
-
-
-def test_each_layers_block_waits_on_a_set_of_counts_that_neither_layer_beside_it_uses():
-    """block_wait_sets: a block sets the next layer's counts to 0 while its own are in use, so no two layers in a row
-    (the last and the next step's first included) share a set; one layer cannot, and keeps the grid barriers."""
-    assert fused_decode.block_wait_sets(2) == [0, 1] and fused_decode.block_wait_sets(3) == [0, 1, 2]
-    assert fused_decode.block_wait_sets(1) is None
-    for layers in range(2, 40):
-        sets = fused_decode.block_wait_sets(layers)
-        assert all(sets[i] != sets[(i + 1) % layers] for i in range(layers)) and set(sets) <= {0, 1, 2}, sets
-
-
-def test_each_kv_heads_arrivals_are_the_qkv_programs_holding_its_columns_and_the_first_block():
-    """kv_head_arrivals on Llama-3.2-1B's QKV (32 heads of 64 in groups of four, 8 KV heads) in 64-column blocks: four
-    blocks of q, one of k and one of v a head, and block 0 (head 0's first q block) for every head, each split;
-    in 256-column blocks (a group's q a block) k and v share one block with other heads'."""
-    product = lambda bn, splits: fused_decode.Product(torch.empty(0), 3072, 2048, bn, 128, splits, True, True)
-    assert fused_decode.kv_head_arrivals(product(64, 4), 32, 8, 64) == [6 * 4] + [7 * 4] * 7
-    assert fused_decode.kv_head_arrivals(product(256, 1), 32, 8, 64) == [3] + [4] * 7  # q; k's, v's and block 0
-
-
-def test_the_attention_folds_into_qkv_only_where_asked_one_chunk_a_kv_head_and_not_through_tma(monkeypatch):
-    fold, tiles = fused_decode.folds_attention_into_qkv, fused_decode.Product(torch.empty(0), 96, 64, 32, 32, 2, True,
-                                                                              True)
-    assert not fold(FusedOptions(), 1, 1, tiles)  # ATTENTION_IN_QKV_MAX_ROWS: 0, off
-    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2)
-    assert fold(FusedOptions(), 1, 1, tiles) and fold(FusedOptions(), 2, 1, tiles)
-    assert not fold(FusedOptions(), 3, 1, tiles)  # more rows
-    assert not fold(FusedOptions(), 1, 2, tiles)  # chunks to merge
-    assert not fold(FusedOptions(fold_attention=False), 1, 1, tiles)
-    assert not fold(FusedOptions(), 1, 1, dataclasses.replace(tiles, descriptor=object()))  # TMA's tiles
-
-
-@pytest.mark.parametrize("family, layers, attention_in_qkv", [((), 4, False), (LLAMA, 3, False), ((), 5, True)],
-                         ids=["qwen3-4-layers", "llama-3-layers", "qwen3-5-layers-attention-in-qkv"])
-def test_the_mlp_in_one_kernel_computes_eager_logits_and_cache(family, layers, attention_in_qkv, monkeypatch):
-    """Each layer's gate/up, SiLU·mul and down in one kernel (MLP_IN_ONE_MAX_ROWS), eight programs of 16 columns of the
-    intermediate, each adding its share of down into the next layer's residual buffer: the logits and the cache are
-    eager's step after step, two rows, through four residual buffers taken in turn (each zeroed by an earlier
-    layer's MLP), over gate/up's K and down's outputs in blocks of 16; with the attention in QKV's tail too."""
-    monkeypatch.setattr(fused_decode, "MLP_IN_ONE_MAX_ROWS", 2)
-    monkeypatch.setattr(fused_decode, "ATTENTION_IN_QKV_MAX_ROWS", 2 if attention_in_qkv else 0)
-    cfg, model, prompt = tiny_model_and_prompt(*family, f"model.num_hidden_layers={layers}")
-    eager, run = Stepper(model, prompt, cfg.cache_len), Stepper(model, prompt, cfg.cache_len)
-    decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False))
-    block = decoder.layers[0].mlp
-    assert decoder.mlp_in_one and decoder.attention_in_qkv == attention_in_qkv and len(decoder.layers) == layers
-    assert (block.programs, block.columns, block.bk, block.bh) == (8, 16, 16, 16)
-    assert decoder.kernels_per_step() == (3 if attention_in_qkv else 4) * layers + 1
-    assert "gate_up" not in decoder.products() and "down" not in decoder.products()
-    assert decoder.mlp_plan().startswith("mlp: gate/up, SiLU·mul and down in one kernel, 16 columns")
-    decode_like_eager(eager, run, decoder, 5)
-    assert_same_cache(run, eager, eager.context_len, length=None)
-
-
-def test_each_layers_mlp_adds_into_a_residual_buffer_no_kernel_reads_then_and_that_holds_zeros():
-    """residual_buffers, played over three steps of a model of 3 to 40 layers as the kernels touch the buffers: QKV
-    of layer 0 writes the embedding rows to buffer 0; each layer's QKV and O read and add to its residual in place; its
-    MLP reads it, adds into a buffer that must hold zeros and hold nothing else read later, and zeroes another that
-    none of its own reads or adds touches; lm_head reads the last layer's."""
-    for layers in range(3, 41):
-        into, held = fused_decode.residual_buffers(layers), ["zeros"] * 4
-        for step in range(3):
-            held[0], residual = ("embedding", step), 0
-            for layer in range(layers):
-                added, zeroed = into[layer], into[(layer + 1) % layers]
-                assert held[added] == "zeros" and len({residual, added, zeroed}) == 3, (layers, step, layer)
-                held[added], held[zeroed], residual = ("residual", step, layer), "zeros", added
-            assert held[residual] == ("residual", step, layers - 1)  # what lm_head reads
-    with pytest.raises(ValueError, match="3 decoder layers at least, not 2"):
-        fused_decode.residual_buffers(2)
-
-
-def test_the_mlp_runs_in_one_kernel_only_where_asked_with_three_layers_and_not_through_tma(monkeypatch):
-    fold, tiles = fused_decode.folds_mlp, fused_decode.Product(torch.empty(0), 256, 64, 32, 32, 1, True, True)
-    assert not fold(1, 28, tiles)  # MLP_IN_ONE_MAX_ROWS: 0, off
-    monkeypatch.setattr(fused_decode, "MLP_IN_ONE_MAX_ROWS", 2)
-    assert fold(1, 28, tiles) and fold(2, 3, tiles)
-    assert not fold(3, 28, tiles)  # more rows
-    assert not fold(1, 2, tiles)  # too few layers for the residual buffers
-    assert not fold(1, 28, dataclasses.replace(tiles, descriptor=object()))  # TMA's tiles
-    eager, run, decoder = fused_and_eager()  # tiny: 2 layers, the MLP as two products
-    assert not decoder.mlp_in_one and decoder.mlp_plan() == "mlp: gate/up, then down"
-    assert {"gate_up", "down"} <= set(decoder.products())
-
-
-def test_the_mlp_in_one_kernel_takes_the_widest_slice_leaving_a_program_an_sm_and_packs_each_slice(monkeypatch):
-    """On the GPU's plan, Qwen3-0.6B's intermediate (3072) in slices of 16 columns (192 programs; 32 would leave 96)
-    and Llama-3.2-1B's (8192) of 32 (256); each program's paired gate/up tiles and its slice of down's columns are
-    the weights' own, and what passes the intermediate's end is zeros; its tiles narrow with the batch rows."""
-    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
-    assert fused_decode.mlp_columns(3072) == 16 and fused_decode.mlp_columns(8192) == 32
-    gate, up, down = torch.randn(20, 64), torch.randn(20, 64), torch.randn(64, 20)
-    block = fused_decode.plan_mlp(gate, up, down)  # 20 columns: MLP_MIN_COLUMNS (8) a program, the last 4 past the end
-    assert (block.columns, block.programs, block.bk, block.bh) == (8, 3, 64, 64)  # a tile holds all of hidden's 64
-    tiles = block.pair.view(block.programs, 1, 2 * block.columns, block.bk)
-    assert torch.equal(tiles[0, 0], torch.cat([gate[:8], up[:8]])) and torch.equal(tiles[1, 0, 8:], up[8:16])
-    assert torch.equal(tiles[2, 0, :4], gate[16:]) and torch.equal(tiles[2, 0, 8:12], up[16:])
-    assert not tiles[2, 0, 4:8].any() and not tiles[2, 0, 12:].any()
-    assert torch.equal(block.down[1], down[:, 8:16]) and torch.equal(block.down[2, :, :4], down[:, 16:])
-    assert not block.down[2, :, 4:].any()
-    # a thread holds 64 16-bit values of a tile for each batch row (eight warps): gate/up's K and down's outputs a block
-    wide = torch.randn(64, 2048, dtype=torch.bfloat16)
-    one, eight = (fused_decode.plan_mlp(wide, wide, wide.T.contiguous(), rows) for rows in (1, 8))
-    assert (one.columns, one.bk, one.bh) == (8, 1024, 2048) and (eight.bk, eight.bh) == (128, 256)
-
-
 def test_the_pipelined_weight_loop_computes_eager_logits(monkeypatch):
     """The products' other loop (Triton's pipeliner after the first tile), over splits of several tiles each: the
     same logits as eager's, step after step."""
@@ -844,7 +553,7 @@ def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
 AOT_COMPILE = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from harness.kernels.fused_decode import _attention, _attention_o, _matvec, _rope_append
+from harness.kernels.fused_decode import _attention, _matvec, _rope_append
 
 ptrs = dict(X="*bf16", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32", Bump="*i64")
 ints = dict.fromkeys(["x_row", "rows", "k_total", "n_total", "out_cols", "k_per_split", "k_tiles", "prefetch_bytes",
@@ -947,43 +656,6 @@ sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32",
 consts = dict(HEADS=16, KV_HEADS=8, D=128, SPLITS=8, QK_NORM=True, ROPE_SHIFT=0, APPEND=True, PDL=True)
 ptx = triton.compile(ASTSource(_rope_append, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 print("rope_append", "griddepcontrol.wait" in ptx)
-sig = dict(Parts="*fp32", Squares="*fp32", Pos="*i64", Cos="*fp32", Sin="*fp32", QNorm="*bf16", KNorm="*bf16",
-           Keys="*bf16", Values="*bf16", Wo="*bf16", Residual="*fp32", Bump="*i64",
-           **dict.fromkeys(["rows", "n_total", "hidden"], "i32"), eps="fp32", scale="fp32",
-           **dict.fromkeys(["k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"], "i32"),
-           **dict.fromkeys(["HEADS", "KV_HEADS", "GROUP_PAD", "D", "QKV_SPLITS", "BLOCK_N", "BN", "QK_NORM",
-                            "ROPE_SHIFT", "APPEND", "IEEE", "BUMP", "PDL", "PREFETCH"], "constexpr"))
-for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's groups of four 64-wide heads, Qwen3-0.6B's of two 128-wide
-    consts = dict(HEADS=heads, KV_HEADS=8, GROUP_PAD=16, D=d, QKV_SPLITS=8, BLOCK_N=64, BN=64, QK_NORM=d == 128,
-                  ROPE_SHIFT=0, APPEND=True, IEEE=False, BUMP=True, PDL=True, PREFETCH=True)
-    ptx = triton.compile(ASTSource(_attention_o, sig, consts), target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_warps=8)).asm["ptx"]
-    # o_proj's tile asked of L2 before the wait (one request), the attention on tensor cores, the sums added to the
-    # residual atomically, and the next kernel let launch after them
-    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    adds = max(ptx.rfind("red.global"), ptx.rfind("atom.global"))
-    print("attention_o", -1 < ptx.find("cp.async.bulk.prefetch.L2") < wait < adds < launch and "mma" in ptx[wait:]
-          and ptx.count("cp.async.bulk.prefetch.L2") == 1)
-# the attention in QKV's tail: the product's partial sums stored by every thread (a barrier) before the counts, each
-# released and acquired at the GPU's scope, each thread's own acquire fence, then the head's attention on tensor cores;
-# held to the registers asked (maxnreg), so that the product's programs fit an SM as `_matvec`'s do
-from harness.kernels.fused_decode import _qkv_attention
-for heads, d in ((32, 64), (16, 128)):  # Llama-3.2-1B's and Qwen3-0.6B's heads
-    sig = dict.fromkeys(_qkv_attention.arg_names, "i32")  # the sizes and strides; the rest, in place, below
-    sig.update(X="*fp32", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32",
-               Bump="*i64", eps="fp32", Arrivals="*i32", Counted="*i32", Pos="*i64", Cos="*fp32", Sin="*fp32",
-               QNorm="*bf16", KNorm="*bf16", Keys="*bf16", Values="*bf16", AttnOut="*bf16", scale="fp32")
-    consts = dict(INPUT=0, NORM=True, OUTPUT=0, BUMP=False, SPLITS=4, ROWS=16, BN=64, BK=128, PACKED=True, DOT=True, PDL=True, PREFETCH=False, STAGES=0,
-                  ONE_TILE=False, LAUNCH=1, HEADS=heads, KV_HEADS=8, GROUP_PAD=16, D=d, BLOCK_N=64, QK_NORM=d == 128,
-                  ROPE_SHIFT=0, APPEND=True, IEEE=False, FENCE=True)
-    sig.update(dict.fromkeys(consts, "constexpr"))
-    ptx = triton.compile(ASTSource(_qkv_attention, sig, consts), target=GPUTarget("cuda", 90, 32),
-                         options=dict(num_warps=8, maxnreg=64)).asm["ptx"]
-    launch, count = ptx.find("griddepcontrol.launch_dependents"), ptx.find("atom.global.gpu.acq_rel.add")
-    fence = ptx.find("fence.acq_rel.gpu", count)
-    print("qkv_attention", -1 < ptx.find("griddepcontrol.wait") < launch < count < fence and "mma" in ptx[:count]
-          and "mma" in ptx[fence:] and ptx.rfind("st.global", 0, count) < ptx.rfind("bar.sync", 0, count)
-          and ".maxnreg 64" in ptx)
 # fused.tma: the weight tiles copied by the tensor memory accelerator into shared memory after the PDL wait (with the
 # input the kernel before wrote), read there by Hopper's wgmma (`_matvec`'s pass through registers and ldmatrix);
 # the first tiles asked of L2 before the wait where PREFETCH; packed (gate/up: SwiGLU) and row-major (down: adds);
@@ -1004,24 +676,6 @@ for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, 
     after = ptx.find("cp.async.bulk.tensor", wait)
     print("tma", (copy < wait) == product["FIRST"] and wait < after < launch and "wgmma.mma_async" in ptx[after:launch]
           and (-1 < ptx.find("cp.async.bulk.prefetch.L2") < wait) == product["PREFETCH"])
-# the MLP in one kernel: its slice of down asked of L2 and its first gate/up tile loaded in 16-byte loads before the PDL
-# wait; the next kernel let launch after gate/up's loop; then its share of zeros stored and down's sums added to the
-# next residual atomically, in vectors of fp32
-from harness.kernels.fused_decode import _mlp
-for hidden, columns, bk, bh in ((2048, 32, 256, 512), (1024, 16, 512, 1024)):  # Llama-3.2-1B's and Qwen3-0.6B's
-    sig = dict.fromkeys(_mlp.arg_names, "i32")
-    sig.update(Residual="*fp32", Next="*fp32", Zero="*fp32", Gain="*bf16", Pair="*bf16", Down="*bf16", eps="fp32")
-    consts = dict(ROWS=1, C=columns, BK=bk, BH=bh, ZB=16, ONE_TILE=False, PDL=True, DOWN_TO_L2=True)
-    sig.update(dict.fromkeys(consts, "constexpr"))
-    aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name == "hidden"]
-    ptx = triton.compile(ASTSource(_mlp, sig, consts, attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
-                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, maxnreg=128)).asm["ptx"]
-    prefetch, wait, launch = (ptx.find(op) for op in ("cp.async.bulk.prefetch.L2", "griddepcontrol.wait",
-                                                       "griddepcontrol.launch_dependents"))
-    adds = max(ptx.find(f"{op}.global.gpu.relaxed.add.v", launch) for op in ("red", "atom"))  # 3.9: red; 3.6: atom
-    print("mlp", -1 < prefetch < wait < launch < ptx.find("st.global", launch) < adds
-          and ptx.count("ld.global.v4", 0, wait) == bk * 2 * columns * 2 // 16 // 256
-          and ptx.count("griddepcontrol.launch_dependents") == 1 and ".maxnreg 128" in ptx)
 """
 
 
@@ -1029,8 +683,7 @@ def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_laun
     """The interpreter checks the arithmetic on CUDA cores; Triton's compiler, run ahead of time for sm_90 (no GPU
     needed), checks that each kernel builds as the H200 runs it: bf16 tensor-core products, atomics, PDL's waits."""
     assert compiled_for_the_gpu("import triton\n" + AOT_COMPILE, timeout=900).split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
-                                   + ["rope_append", "True", "attention_o", "True", "attention_o", "True"]
-                                   + ["qkv_attention", "True"] * 2 + ["tma", "True"] * 3 + ["mlp", "True"] * 2)
+                                   + ["rope_append", "True"] + ["tma", "True"] * 3)
 
 
 def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before_the_next(monkeypatch):
@@ -1215,32 +868,19 @@ def test_the_persistent_chain_computes_the_fp32_chain_each_way_and_loads_its_wei
         assert ("ld.global.v4" in between) == early  # the next product's rows, 16 bytes a load (x's are .cg, later)
 
 
-@pytest.mark.parametrize("folds", [{}, {"ATTENTION_IN_QKV_MAX_ROWS": 2}, {"ATTENTION_IN_O_MAX_ROWS": 2},
-                                   {"MLP_IN_ONE_MAX_ROWS": 2},
-                                   {"MLP_IN_ONE_MAX_ROWS": 2, "ATTENTION_IN_QKV_MAX_ROWS": 2},
-                                   {"BLOCK_MAX_ROWS": 2}],
-                         ids=["default", "attention-in-qkv", "attention-in-o", "mlp-in-one", "both", "block"])
-def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_plans_it(folds, monkeypatch):
+@pytest.mark.parametrize("fold_attention", [True, False], ids=["folded", "three-launches"])
+def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_plans_it(fold_attention, monkeypatch):
     """benchmarks/fused_kernels.py names a step's kernels by their place in it: a layer's names must be as many as the
-    decoder launches a layer, whatever is folded, and the MLP in one kernel is charged both its weights' bytes."""
+    decoder launches a layer, the attention folded or not, and each product is charged its own weights' bytes."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import fused_kernels
 
-    for name, rows in folds.items():
-        monkeypatch.setattr(fused_decode, name, rows)
-    _, _, decoder = fused_and_eager("model.num_hidden_layers=3")
+    _, _, decoder = fused_and_eager("model.num_hidden_layers=3", options=FusedOptions(pdl=False,
+                                                                                      fold_attention=fold_attention))
     names = fused_kernels.layer_kernels(decoder)
     assert len(names) * len(decoder.layers) + 1 == decoder.kernels_per_step() and len(set(names)) == len(names)
-    assert (fused_kernels.MLP in names) == decoder.mlp_in_one == ("MLP_IN_ONE_MAX_ROWS" in folds)
-    assert (names[0] == fused_kernels.BLOCK) == decoder.block == ("BLOCK_MAX_ROWS" in folds)
-    if decoder.block:  # QKV's and O's weights, charged to the one kernel
-        layer = decoder.layers[0]
-        assert fused_kernels.weight_bytes(decoder)[fused_kernels.BLOCK] == 3 * 4 * (layer.qkv.n * layer.qkv.k
-                                                                                   + layer.o.n * layer.o.k)
-    if decoder.mlp_in_one:
-        block = decoder.layers[0].mlp
-        fp32_bytes = 4 * (block.pair.numel() + block.down.numel())  # a layer's, three layers
-        assert fused_kernels.weight_bytes(decoder)[fused_kernels.MLP] == 3 * fp32_bytes
+    layer, fp32 = decoder.layers[0], 4
+    assert fused_kernels.weight_bytes(decoder)[fused_kernels.O] == 3 * fp32 * layer.o.n * layer.o.k
 
 
 def test_the_tma_first_set_copies_before_the_wait_and_streams_qkv_and_o_only_where_its_names_say(monkeypatch):

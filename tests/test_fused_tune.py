@@ -188,20 +188,3 @@ def test_a_kept_plan_that_cannot_be_read_is_timed_again(tmp_path):
     assert tuning.kept_from is None and timed  # timed, and the file written whole again
     assert fused_tune._kept(next(tmp_path.glob("*.json"))) is not None
 
-
-def test_where_the_mlp_runs_in_one_kernel_tuning_times_only_the_products_launched_and_keeps_their_plan(tmp_path,
-                                                                                                      monkeypatch):
-    """gate/up and down are not launched as products then (the MLP in one kernel): no candidate of theirs is timed,
-    and the kept plan, of QKV, O and lm_head alone, is taken by the next job untimed."""
-    monkeypatch.setattr(fused_decode, "MLP_IN_ONE_MAX_ROWS", 2)
-    decoder = fused_and_eager("model.num_hidden_layers=3")[2]
-    assert decoder.mlp_in_one and list(decoder.products()) == ["qkv", "o", "lm_head"]
-    timed = []
-    first, tuning = fused_tune.tuned(decoder, lambda trial, best: timed.append(1) or 1.0, False, tmp_path, "G", "G-1")
-    assert timed and all(line.split(":")[0] in ("qkv", "o", "lm_head") for line in tuning.tried)
-
-    def never(trial, best):
-        raise AssertionError("a kept plan is not timed again")
-
-    again, kept = fused_tune.tuned(fused_and_eager("model.num_hidden_layers=3")[2], never, False, tmp_path, "G", "G-2")
-    assert kept.kept_from.startswith("G-1 at ") and list(again.products()) == ["qkv", "o", "lm_head"]

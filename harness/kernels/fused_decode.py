@@ -10,15 +10,11 @@ Per layer, in launch order:
    RMSNorm and RoPE at the cache position to its group's queries; the chunk that holds the position appends the new
    K and V to the cache; attention over the chunk (attn=triton-decode's split-KV loop, harness/kernels/
    triton_decode.py); the last chunk of a KV head to finish merges them all. (`fused.fold_attention=false`: the
-   three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`. Off by default,
-   measured or not: inside every program of 3 instead, ATTENTION_IN_O_MAX_ROWS; in the tail of 1 instead, by the
-   program counted last for each KV head, ATTENTION_IN_QKV_MAX_ROWS.)
+   three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`.)
 3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
 5. `_matvec` (down): added to the residual stream in place.
-   (4 and 5 in one kernel instead, off by default, measured slower: `_mlp`, MLP_IN_ONE_MAX_ROWS; each program adds
-   its columns' share of down into the next layer's residual buffer, residual_buffers.)
 After the last layer one `_matvec` computes the final norm and the logits (fp32) and advances the cache position.
 
 Why this shape: a decode step at small batch reads every weight once and does little with each, so what counts is
@@ -209,106 +205,10 @@ AT_WAIT, AFTER_LOOP, AT_END, AT_START = 0, 1, 2, 3
 LAUNCH_AT: dict[str, int] = {}
 # The folded attention lets the O product launch at its start (the default), or where False after its own PDL wait
 ATTENTION_LAUNCH_AT_START = True
-# Each layer's attention folded into its O product, one launch a layer fewer, where a step decodes at most this many
-# rows and the attention is one chunk a KV head (ONE_CHUNK_MAX_SLOTS): every program of O, a block of its columns
-# times one KV head's group of heads (K split by KV head, added atomically), computes that group's attention over
-# the whole prefix itself (folds_attention_into_o; the kernel `_attention_o`). Off (0): paired on one H200
-# (docs/benchmarks.md, "where a kernel lets the next launch"), Llama-3.2-1B's step at the study's workload took 1.2%
-# longer (1.7% with its registers left to ptxas, 224 a thread: one program an SM), Qwen3-0.6B's at context 32 9.5%
-# longer, Llama-3.2-1B's at bs=8 95% (each program's rows one after another): the attention's chain of round trips,
-# now in every program of O and after its wait, costs more than the launch it saves
-ATTENTION_IN_O_MAX_ROWS = 0
-ATTENTION_O_REGISTERS = 128
-# Each layer's attention in the tail of its QKV product, one launch a layer fewer, where a step decodes at most this
-# many rows, the attention is one chunk a KV head and QKV's tiles pass through registers (folds_attention_into_qkv; the
-# kernel `_qkv_attention`): each program of the product, its partial sums stored, counts itself in for every KV head
-# whose q, k or v columns it computed (the first block for every head: it writes the norm's squares), and the program
-# counted last for a KV head computes that head's attention, as `_attention`'s one chunk does, and stores its output
-# for O. Unlike the attention folded into O, each head's attention runs once, and as soon as its own columns are
-# summed, while the product's other programs still stream their weights: the dependency is a head's, not the whole
-# kernel's. Off (0): paired on one H200 (docs/benchmarks.md, "the MLP in one kernel, and the attention in the QKV
-# product's tail"), Llama-3.2-1B's step at the study's workload took 1.64 (128 registers) to 1.85 times (64) as long:
-# the attention's chain, now at the end of the programs counted last, after their share of the product, costs more
-# than the launch it saves. `python benchmarks/fused_prefetch.py --set into_qkv` pairs it with the default.
-ATTENTION_IN_QKV_MAX_ROWS = 0
-# ... on at most this many registers a thread (None: as ptxas allocates): the product's own code needs 56 on eight
-# warps, with the attention 174-177 (Llama-3.2-1B's and Qwen3-0.6B's shapes compiled for sm_90 by Triton 3.6, the
-# H200's). At 64 the product's programs fit four an SM as `_matvec`'s do, and the attention, run by one program a KV
-# head, spills 152-208 bytes a thread to local memory; at 128 it spills none, and two programs fit an SM (the
-# benchmark set pairs both)
-QKV_ATTENTION_REGISTERS = 64
-# Each layer's QKV, attention and O as one persistent kernel (folds_block; the kernel `_attention_block`), where a step
-# decodes at most this many rows, the attention is one chunk a KV head and QKV and O are tiles through registers: its
-# programs stay resident for the three and wait at a grid barrier where a kernel would end (two launches a layer
-# fewer). Each program loads its first tile of O before the first barrier, so that O's weights are in flight while
-# the attention (one program a row and KV head) runs and the other programs would otherwise idle. The barrier needs
-# every program resident at once: BLOCK_PROGRAMS_PER_SM of them an SM at most (their registers held to
-# BLOCK_REGISTERS a thread), QKV's and O's K splits halved until their programs fit (block_products). A barrier that
-# polls BARRIER_SPIN_LIMIT times gives up (the step's sums are then wrong and the run fails verification) rather
-# than hanging the GPU. Off (0): paired (docs/benchmarks.md, "QKV, attention and O as one persistent kernel"),
-# Llama-3.2-1B's step at the study's workload took 7.3% longer on an H200 (GPU-63ab24f2) and 6.6% on an H100,
-# Qwen3-1.7B's 7.0% (H100), Qwen3-0.6B's at context 1024 the same (+0.0%, two H100s). Each program's phases, timed
-# by the GPU's global timer (benchmarks/block_phases.py, the H200): QKV 4.96 µs, the attention 3.81, O 2.30, each
-# faster than its own kernel, but each barrier held the grid 1.95 and 1.50 µs after its last arrival (256 programs
-# counted in on one address and polling one), and the block took 17.4 µs where the three kernels take less with
-# PDL. `python benchmarks/fused_prefetch.py --set persistent` pairs its variants with the default.
-BLOCK_MAX_ROWS = 0
-BLOCK_PROGRAMS_PER_SM = 2
-BLOCK_REGISTERS = 128
-BARRIER_SPIN_LIMIT = 1 << 20  # about a second of polls, where a phase takes microseconds
-BARRIER_POLL_SLEEP_NS = 0  # between a barrier's polls (0: none)
-# Each poll an atomic read, not a volatile load: paired on one H200, the block with loads took 16.4% longer than the
-# three launches on Llama-3.2-1B at the study's workload, with atomic reads 7.3%
-BARRIER_POLL_ATOMIC = True
-BARRIER_GENERATION_AT = 32  # the barrier's generation, an L2 line (128 bytes of int32) past its count
-# The persistent block with no grid barrier: each program waits only for what it reads (`_attention_block`'s WAITS).
-# An attention program waits for the QKV programs that hold its KV head's columns (kv_head_arrivals: about 32 of 256
-# at bs=1, each count polled by that head's attention programs alone), and an O program for the attention of the heads
-# its K split reads (every row's), so that no program waits for the slowest of all and no address takes every
-# program's arrival and polls. Each count on a line of L2 of its own, WAIT_COUNTS_APART int32 apart, in one of three
-# sets that the blocks take in turn, each block setting the next one's to 0 (block_wait_sets). Off: paired
-# (docs/benchmarks.md, "waiting only for what each reads"), the waits open in 0.70 and 0.96 µs where the barriers
-# held 1.76 and 1.50, and the block is 1.7 µs shorter, but Llama-3.2-1B's step at the study's workload still took
-# 3.75% longer than with three launches on an H200 (GPU-63437605; the grid barriers 7.2%) and 2.0% on an H100,
-# Qwen3-1.7B's 2.45% (H100), Qwen3-0.6B's at context 1024 the same (within 0.25%)
-BLOCK_WAITS = False
-WAIT_COUNTS_APART = 32
-# The persistent block's programs that do not attend (all but rows x KV heads) idle from their QKV sums to O's wait,
-# HBM idle with them but for the attention's few reads: they ask L2 for the first BLOCK_AHEAD_TILES tiles of each of
-# gate/up's programs (block_ahead: its packed tiles, one run a program, every program's first ones), so that every
-# program of the kernel after starts on tiles already in L2 and the whole kernel, not its first programs, is shorter.
-# 0: none. Paired with the waits on an H100 (GPU-4296c36e), Llama-3.2-1B at the study's workload: 2 tiles 0.17 points
-# faster than the waits alone, 4 and 8 tiles 1.4 and 3.5 points slower (Qwen3-1.7B: 1.2 and 1.8): the prefetches go out
-# while the slower QKV programs still read (a program's QKV 7.9 µs with 4 tiles)
-BLOCK_AHEAD_TILES = 0
-# A benchmark's [programs, 8] int64 tensor (benchmarks/block_phases.py): where set before the step is captured, each
-# program of the persistent block records the GPU's global timer (ns) at its start, its PDL wait, QKV's end, the first
-# barrier, the attention's end, the second barrier and its end; None in a run
-BLOCK_TIMES = None
-# Each layer's MLP in one kernel, one launch a layer fewer, where a step decodes at most this many rows (folds_mlp; the
-# kernel `_mlp`): each program takes a slice of the intermediate's columns (mlp_columns), computes gate and up for them
-# from the normed residual, SiLU(gate)·up, and at once that slice's share of down, the product of its columns of
-# down_proj and its SiLU·mul, added atomically into a residual buffer of the next layer's (the first program adds the
-# residual it read). No program waits for another's SiLU·mul: down's K is split where gate/up's columns are, so
-# gate/up's last bytes and down's first stream in one kernel, not across a kernel's drain and the next's ramp. At small
-# batch the measured profiles put much of the small models' missing time there (docs/benchmarks.md: their gate/up and
-# down at 1.4 TB/s, Qwen3-0.6B). The residual cannot be added to in place (every program reads it whole for the norm),
-# so the step keeps four residual buffers and each layer's MLP zeroes the one a later MLP adds into (residual_buffers).
-# Off (0): paired on one H200 (docs/benchmarks.md, "the MLP in one kernel"), every variant tried was slower: as built,
-# Llama-3.2-1B's step at the study's workload 1.79 times as long and Qwen3-0.6B's at context 1024 1.16 times (the best
-# variants 1.24 and 1.04 times). The kernel read at 1.2-1.35 TB/s where the two it replaces read at 1.6-3.3: each
-# program's chain (two products in turn, a tile in flight beside the one in use, then the atomic adds) costs more
-# than the launch between them. `python benchmarks/fused_prefetch.py --set mlp` pairs it with the default.
-MLP_IN_ONE_MAX_ROWS = 0
-# ... with a thread holding about this many weight values a load, on MLP_WARPS warps, and a program taking the widest
-# power-of-two slice of the intermediate that still leaves MLP_PROGRAMS programs at least (MLP_MIN_COLUMNS at least)
-MLP_VALUES_A_THREAD, MLP_WARPS, MLP_PROGRAMS, MLP_MIN_COLUMNS = 64, 8, SMS, 8
-MLP_DOWN_TO_L2 = True  # each program asks L2 for its slice of down's weights before its PDL wait (a Hopper GPU)
-# ... on at most this many registers a thread, so that two programs of eight warps fit an SM (Llama-3.2-1B's 256 in one
-# wave): compiled for sm_90 by Triton 3.6 (the H200's), its shapes took 129 as ptxas allocates (one program an SM),
-# 128 when held to it, with nothing spilled; Qwen3-0.6B's 121
-MLP_REGISTERS = 128
-INTERPRETED_MLP_COLUMNS, INTERPRETED_MLP_BLOCK = 16, 16
+# Four designs that take launches out of a layer were built, verified and paired, each slower than the five kernels
+# above, and taken out of the code (docs/benchmarks.md, "the designs taken out", names each one's section and the
+# commit that still holds it): the attention folded into O, the attention in QKV's tail, QKV, attention and O as one
+# persistent kernel (grid barriers, or each program waiting for what it reads), and the MLP in one kernel
 # fused.tma: in a model TMA_FROM_HIDDEN wide or wider, the products that run as tiles with 16-bit weights (every kind of
 # an 8B model's in bf16, at any batch) stream their weight tiles through the Hopper's tensor memory accelerator into
 # shared memory, where the tensor cores read them (`_matvec_tma`, Triton's pipeliner keeping `tma_stages` tiles in
@@ -647,52 +547,6 @@ def _swiglu(acc, ROWS: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _mlp(Residual, Next, Zero, Gain, Pair, Down, rows, hidden, eps, zero_share, down_bytes, ROWS: tl.constexpr,
-         C: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, ZB: tl.constexpr, ONE_TILE: tl.constexpr,
-         PDL: tl.constexpr, DOWN_TO_L2: tl.constexpr):
-    """A layer's MLP for C columns of its intermediate (MLP_IN_ONE_MAX_ROWS; program id 0): gate and up of the normed
-    Residual [rows, hidden] (fp32) from their paired, packed rows (Pair: pair_blocks then pack, [2C, BK] tiles),
-    SiLU·mul rounded as the unfused step stores it, then down's product of those columns (Down: [programs, hidden, C])
-    added atomically into Next, which holds zeros until this kernel's programs add to it; the first program adds
-    Residual too. Each program also zeroes its share (zero_share values) of Zero, the buffer a later layer's MLP adds
-    into. ONE_TILE: BK covers the hidden size (gate/up's whole K in one load)."""
-    p = tl.program_id(0)
-    k_tiles = tl.cdiv(hidden, BK)
-    if DOWN_TO_L2:  # its slice of down, asked of L2 now so that it is there once gate/up's tiles have streamed
-        _prefetch_to_l2(Down, p * hidden * C, down_bytes)
-    w = _weight_tile(Pair, p, 0, hidden, 2 * C, hidden, k_tiles, 2 * C, BK, True)  # weights: before the wait
-    _pdl_wait(PDL)
-    # gate/up's product as `_matvec`'s loop computes it (the residual also stands for ResOut and Ids: a plain input)
-    acc, squares = _weight_loop(w, Residual, hidden, Residual, Residual, Gain, Pair, rows, 0, hidden, hidden, 2 * C,
-                                k_tiles, p, 0, INPUT=0, NORM=True, ROWS=ROWS, BN=2 * C, BK=BK, PACKED=True, DOT=False,
-                                PREFETCH=False, STAGES=0, ONE_TILE=ONE_TILE)
-    _pdl_start(PDL)  # the next layer's first weights may load from here on
-    act = _swiglu(acc * tl.rsqrt(squares / hidden + eps)[:, None], ROWS, 2 * C)
-    act = act.to(Down.dtype.element_ty).to(tl.float32)  # the unfused step's SiLU·mul is stored in the weights' dtype
-    zeros = p * zero_share + tl.arange(0, ZB)
-    tl.store(Zero + zeros, tl.zeros([ZB], tl.float32), mask=(zeros < (p + 1) * zero_share) & (zeros < rows * hidden))
-    _down_added(act, Residual, Next, Down + p * hidden * C, p, rows, hidden, ROWS, C, BH)
-
-
-@triton.jit
-def _down_added(act, Residual, Next, Down, p, rows, hidden, ROWS: tl.constexpr, C: tl.constexpr, BH: tl.constexpr):
-    """act [ROWS, C] times the program's columns of down (Down: its [hidden, C] slice), in blocks of BH outputs, the
-    next block's weights loaded before this one's are used, added atomically into Next (Residual too by program 0)."""
-    r, c, h = tl.arange(0, ROWS), tl.arange(0, C), tl.arange(0, BH)
-    w = tl.load(Down + h[:, None] * C + c[None, :], mask=(h < hidden)[:, None], other=0.0)
-    for h0 in range(0, hidden, BH):
-        after = h0 + BH + h
-        w_next = tl.load(Down + after[:, None] * C + c[None, :], mask=(after < hidden)[:, None], other=0.0)
-        part = tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], 2)
-        inside = (r < rows)[:, None] & (h0 + h < hidden)[None, :]
-        at = r[:, None] * hidden + (h0 + h)[None, :]
-        if p == 0:
-            part += tl.load(Residual + at, mask=inside, other=0.0)
-        tl.atomic_add(Next + at, part, mask=inside, sem="relaxed")
-        w = w_next
-
-
-@triton.jit
 def _rope_append(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Q, Keys, Values, rows, n_total, hidden, eps,
                  k_row, k_head, k_slot, v_row, v_head, v_slot,
                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
@@ -957,80 +811,6 @@ def _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS: tl.constexpr, KV_HEA
 
 
 @triton.jit
-def _qkv_attention(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
-                   k_tiles, eps, prefetch_bytes, prefetch_ahead, Arrivals, Counted, Pos, Cos, Sin, QNorm, KNorm, Keys,
-                   Values, AttnOut, o_row, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, INPUT: tl.constexpr,
-                   NORM: tl.constexpr, OUTPUT: tl.constexpr, SPLITS: tl.constexpr, BUMP: tl.constexpr,
-                   ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
-                   PDL: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr, ONE_TILE: tl.constexpr,
-                   LAUNCH: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr,
-                   D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-                   APPEND: tl.constexpr, IEEE: tl.constexpr, FENCE: tl.constexpr):
-    """The layer's QKV product (`_matvec`, its arguments first: the norm, partial sums of each K split into Out and
-    their squares into SquaresOut), then its attention in the product's tail (ATTENTION_IN_QKV_MAX_ROWS): the program
-    counted last for a KV head (Arrivals says how many count themselves in for it: kv_head_arrivals) computes that
-    head's attention over the whole valid prefix [0, pos] and sets its count back to 0 for the next layer. FENCE: each
-    thread's own acquire at the GPU's scope after the count, so that none of its loads of the other programs' sums can
-    be served by a line in this SM's L1."""
-    tl.static_assert(NORM and OUTPUT == 0 and not BUMP, "the attention reads QKV's normed partial sums (PARTIALS)")
-    _matvec(X, x_row, ResOut, Ids, Gain, W, Out, SquaresOut, Bump, rows, k_total, n_total, out_cols, k_per_split,
-            k_tiles, eps, prefetch_bytes, prefetch_ahead, INPUT, NORM, OUTPUT, SPLITS, BUMP, ROWS, BN, BK, PACKED, DOT,
-            PDL, PREFETCH, STAGES, ONE_TILE, LAUNCH)
-    pid_n = tl.program_id(0)
-    tl.debug_barrier()  # every thread's partial sums written before the counts (released at the GPU's scope) say so
-    for kv_head in range(KV_HEADS):
-        if _counts_for_kv_head(pid_n, n_total, kv_head, BN, HEADS, KV_HEADS, D):
-            counted = tl.atomic_add(Counted + kv_head, 1, sem="acq_rel", scope="gpu")
-            if counted == tl.load(Arrivals + kv_head) - 1:  # the last: every sum the head's attention reads is written
-                if FENCE:
-                    _fence_at_gpu_scope()
-                _head_attention(Out, SquaresOut, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows,
-                                n_total, k_total, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head,
-                                HEADS, KV_HEADS, GROUP_PAD, D, SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE)
-                tl.store(Counted + kv_head, 0)
-
-
-@triton.jit
-def _counts_for_kv_head(pid_n, n_total, kv_head, BN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                        D: tl.constexpr):
-    """Whether QKV's block pid_n of BN columns counts itself in for the KV head (kv_head_arrivals): it holds any of the
-    head's columns (its group's q, its k or its v), or it is block 0, which writes the norm's squares every head
-    reads."""
-    lo = pid_n * BN
-    hi = tl.minimum(lo + BN, n_total)
-    group_width = HEADS // KV_HEADS * D
-    q, k, v = kv_head * group_width, (HEADS + kv_head) * D, (HEADS + KV_HEADS + kv_head) * D
-    holds = ((lo < q + group_width) & (q < hi)) | ((lo < k + D) & (k < hi)) | ((lo < v + D) & (v < hi))
-    return holds | (pid_n == 0)
-
-
-@triton.jit
-def _fence_at_gpu_scope():
-    """fence.acq_rel.gpu in every thread (inline PTX: a GPU only)."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [tl.zeros([32], tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Out, o_row, rows, n_total, hidden, eps,
-                    scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head, HEADS: tl.constexpr,
-                    KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr,
-                    IEEE: tl.constexpr, only_row=None):
-    """Each row's attention for the KV head's group over the whole valid prefix [0, pos], one chunk as `_attention`'s
-    (the new K/V appended first), stored for the O product; `only_row`'s alone where given."""
-    pos = tl.load(Pos, cache_modifier=".cg")
-    cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
-    first, last = (0, rows) if only_row is None else (only_row, only_row + 1)
-    for row in range(first, last):
-        acc, m_i, l_i = _chunk(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
-                               scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, 0,
-                               pos.to(tl.int32) + 1, True, pos, pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS,
-                               BLOCK_N, QK_NORM, APPEND, IEEE, True, False, False)
-        _store_group(acc, l_i, Out, o_row, row, kv_head, HEADS, KV_HEADS, GROUP_PAD, D)
-
-
-@triton.jit
 def _merge_group(Acc, M, L, out_at, row, kv_head, chunks, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                  GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
     """The group's heads from their first `chunks` chunks (SPLITS at most), straight-line code: each head's chunks in
@@ -1046,323 +826,6 @@ def _merge_group(Acc, M, L, out_at, row, kv_head, chunks, HEADS: tl.constexpr, K
         acc = tl.load(Acc + (base + c)[:, None] * D + d[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
         outs = tl.where((g == h)[:, None], (tl.sum(weight[:, None] * acc, 0) / total)[None, :], outs)
     tl.store(out_at, outs.to(out_at.dtype.element_ty), mask=(g < HEADS // KV_HEADS)[:, None])
-
-
-@triton.jit
-def _attention_o(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, Wo, Residual, Bump, rows, n_total,
-                 hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, HEADS: tl.constexpr,
-                 KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BN: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-                 APPEND: tl.constexpr, IEEE: tl.constexpr, BUMP: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
-    """The O product with the attention folded in (ATTENTION_IN_O_MAX_ROWS), for one block of BN of its output
-    columns and one KV head, the product's K split by KV head: the group's attention over the whole valid prefix
-    [0, pos] (one chunk), as `_attention`'s one chunk computes it, then times the group's columns of o_proj, added
-    to the residual stream atomically (one split a KV head). Every block of columns computes its KV head's attention
-    again; the first appends the new K/V, and none reads slot pos (the new token's K/V come from registers)."""
-    pid_n, kv_head = tl.program_id(0), tl.program_id(1)
-    n = pid_n * BN + tl.arange(0, BN)
-    tile = (kv_head * tl.num_programs(0) + pid_n) * (BN * HEADS // KV_HEADS * D)  # o_proj packed (pack_o_groups)
-    if PREFETCH:  # asked of L2 before the wait, loaded once the attention is done (registers: not held across it)
-        _prefetch_to_l2(Wo, tile, BN * HEADS // KV_HEADS * D * (Wo.dtype.element_ty.primitive_bitwidth // 8))
-    _pdl_wait(PDL)
-    pos = tl.load(Pos, cache_modifier=".cg")  # from L2: no line of an earlier step's position in this SM's L1
-    cos, sin = _rope_row(Cos, Sin, pos + ROPE_SHIFT, D)  # ROPE_SHIFT: a test's fault
-    for row in range(rows):
-        o = _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps,
-                          scale, k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, pid_n == 0, HEADS,
-                          KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, APPEND, IEEE)
-        w = _o_group_columns(Wo, tile, BN, HEADS // KV_HEADS, D)
-        out = tl.sum(tl.sum(w.to(tl.float32) * o[None, :, :], 2), 1)
-        tl.atomic_add(Residual + row * hidden + n, out, mask=n < hidden, sem="relaxed")
-    _pdl_start(PDL)  # after its adds, as a gate/up's (launch_point): nothing of the next kernel waits beside it
-    if BUMP:  # the cache position this kernel's layer keeps, one step on (nothing in this kernel reads it)
-        if pid_n + kv_head == 0:
-            tl.store(Bump, tl.load(Bump) + 1)
-
-
-@triton.jit
-def _o_group_columns(Wo, tile, BN: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
-    """A program's tile of o_proj as pack_o_groups packs it: [BN, GROUP, D] contiguous from element `tile`."""
-    i, g, d = tl.arange(0, BN), tl.arange(0, GROUP), tl.arange(0, D)
-    return tl.load(Wo + tile + i[:, None, None] * (GROUP * D) + g[None, :, None] * D + d[None, None, :])
-
-
-@triton.jit
-def _group_output(Parts, Squares, cos, sin, QNorm, KNorm, Keys, Values, pos, rows, n_total, hidden, eps, scale,
-                  k_row, k_head, k_slot, v_row, v_head, v_slot, row, kv_head, writer, HEADS: tl.constexpr,
-                  KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, QKV_SPLITS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr):
-    """One row's attention output for the KV head's group of heads, [group, D] fp32 rounded to the cache's dtype (as
-    `_attention` stores it for the O product); the new K/V appended where `writer`."""
-    inv_rms = _inv_rms(Squares, rows, row, hidden, eps, QKV_SPLITS)
-    q = _group_queries(Parts, rows, n_total, row, kv_head, inv_rms, QNorm, cos, sin, eps, HEADS, KV_HEADS,
-                       GROUP_PAD, D, QKV_SPLITS, QK_NORM, True).to(Keys.dtype.element_ty)
-    acc, m_i, l_i = _with_new_token(q, Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, scale,
-                                    Keys, Values, k_row, k_head, k_slot, v_row, v_head, v_slot, 0, pos + 1, True, pos,
-                                    pos, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, QK_NORM, False, BLOCK_N, IEEE,
-                                    False)
-    if APPEND:  # APPEND off: a test's fault (the new token's K/V never reach the cache)
-        if writer:
-            _append(Parts, rows, n_total, row, kv_head, inv_rms, KNorm, cos, sin, pos, eps, Keys, Values, k_row,
-                    k_head, k_slot, v_row, v_head, v_slot, HEADS, KV_HEADS, D, QKV_SPLITS, QK_NORM, True)
-    o = (acc / l_i[:, None]).to(Keys.dtype.element_ty).to(tl.float32)  # [GROUP_PAD, D]: the group's heads first
-    pick = tl.arange(0, HEADS // KV_HEADS)[:, None] == tl.arange(0, GROUP_PAD)[None, :]
-    return tl.sum(tl.where(pick[:, :, None], o[None, :, :], 0.0), 1)
-
-
-@triton.jit
-def _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
-                  GENERATION_AT: tl.constexpr):
-    """Wait until all `programs` of the grid have arrived (every one resident: the caller's promise). Barrier holds the
-    count at [0] and the generation at [GENERATION_AT] (another 128-byte line of L2, so that the polls do not
-    queue behind the arrivals): the last to arrive sets the count back to 0 and advances the generation (released at
-    the GPU's scope), the others poll the generation they read before arriving, SLEEP_NS apart where > 0, so that the
-    next barrier, or the next step's, starts from a count of 0 with nothing reset between. ATOMIC: each poll an
-    atomic read (acquire); else a plain load from L2 (volatile: never an L1 line). Past spin_limit polls a program
-    goes on (wrong sums, never a GPU hung). Every thread then fences at the GPU's scope (with a polled load, an
-    acquire): its loads of what other SMs stored before arriving are not served by a stale line in this SM's L1."""
-    tl.debug_barrier()  # every thread's stores before the arrival (released at the GPU's scope) says so
-    at = Barrier + GENERATION_AT
-    generation = _poll(at, ATOMIC)
-    arrived = tl.atomic_add(Barrier, 1, sem="acq_rel", scope="gpu")
-    if arrived == programs - 1:
-        tl.atomic_xchg(Barrier, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(at, 1, sem="release", scope="gpu")
-    else:
-        _poll_until(at, generation, generation + 1, spin_limit, SLEEP_NS, ATOMIC)
-    _fence_at_gpu_scope()
-    tl.debug_barrier()
-
-
-@triton.jit
-def _poll_until(at, seen, target, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr):
-    """Poll `at` (`seen` its value so far) until it reaches `target`, SLEEP_NS apart where > 0, spin_limit polls at
-    most. Compared as a difference, so that a value that only grows may wrap past int32's largest."""
-    spins = 0
-    while (seen - target < 0) & (spins < spin_limit):
-        if SLEEP_NS > 0:
-            _sleep(SLEEP_NS)
-        seen = _poll(at, ATOMIC)
-        spins += 1
-
-
-@triton.jit
-def _poll(at, ATOMIC: tl.constexpr):
-    """The value at `at`, read from L2: an atomic read (acquire, at the GPU's scope), or a volatile load."""
-    if ATOMIC:
-        return tl.atomic_add(at, 0, sem="acquire", scope="gpu")
-    else:
-        return tl.load(at, volatile=True)
-
-
-@triton.jit
-def _sleep(NS: tl.constexpr):
-    """nanosleep in every thread (inline PTX: a GPU only): a poll's backoff."""
-    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [tl.full([32], NS, tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _mark(Times, pid, place, TIMED: tl.constexpr):
-    """Where TIMED, the GPU's global timer (ns) at this place of the program, stored by its first thread."""
-    if TIMED:
-        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tl.zeros([1], tl.int32)],
-                                        dtype=tl.int64, is_pure=False, pack=1)
-        tl.store(Times + pid * 8 + place + tl.arange(0, 1), now)
-
-
-@triton.jit
-def _block_item(item, n_total, k_total, k_per_split, BN: tl.constexpr, SPLITS: tl.constexpr):
-    """A product's program `item` of the persistent block (items ordered as `_matvec`'s grid: column blocks first; one
-    past its programs is its last's): its column block, K split, and the split's columns [k_start, k_end)."""
-    blocks = tl.cdiv(n_total, BN)
-    item = tl.minimum(item, blocks * SPLITS - 1)
-    pid_n, pid_k = item % blocks, item // blocks
-    k_start = pid_k * k_per_split
-    return pid_n, pid_k, k_start, tl.minimum(k_start + k_per_split, k_total)
-
-
-@triton.jit
-def _runs_to_l2(W, first, runs, step, run_bytes, nbytes):
-    """Runs first, first + step, ... below `runs` of W (each run_bytes long) asked of L2, the first nbytes of each."""
-    for run in range(first, runs, step):
-        _prefetch_to_l2(W.to(tl.pointer_type(tl.int8)), run * run_bytes, nbytes)
-
-
-@triton.jit
-def _block_barrier(Barrier, programs, spin_limit, pid, place, Times, GRID: tl.constexpr, SLEEP_NS: tl.constexpr,
-                   ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr, TIMED: tl.constexpr):
-    """The persistent block's grid barrier where GRID (all its phases in one launch, no waits in their place), timed
-    at `place` (the arrival) and place + 1 (past it) where TIMED."""
-    _mark(Times, pid, place, TIMED)
-    if GRID:
-        _grid_barrier(Barrier, programs, spin_limit, SLEEP_NS, ATOMIC, GENERATION_AT)
-    _mark(Times, pid, place + 1, TIMED)
-
-
-@triton.jit
-def _count_in(Waits, pid_n, n_total, BN: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
-              APART: tl.constexpr, FENCE: tl.constexpr):
-    """The persistent block's QKV program of column block pid_n counts itself in for each KV head it counts for
-    (`_counts_for_kv_head`). One fence at the GPU's scope after every thread's stores (FENCE: a GPU), then relaxed
-    adds, in flight together (a release each would wait for the one before)."""
-    _stores_then_fence(FENCE)
-    for kv_head in range(KV_HEADS):
-        if _counts_for_kv_head(pid_n, n_total, kv_head, BN, HEADS, KV_HEADS, D):
-            tl.atomic_add(Waits + kv_head * APART, 1, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _stores_then_fence(FENCE: tl.constexpr):
-    """Every thread's stores done (a barrier of the program's threads), then fenced at the GPU's scope where FENCE (a
-    GPU): a relaxed count after it releases them to a program that fences after reading it."""
-    tl.debug_barrier()
-    if FENCE:
-        _fence_at_gpu_scope()
-
-
-@triton.jit
-def _wait_for(Count, needed, spin_limit, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr, FENCE: tl.constexpr):
-    """Wait until Count holds `needed` arrivals (never set back here: `_zero_counts` does, a layer ahead). Past
-    spin_limit polls a program goes on (wrong sums, never a GPU hung). FENCE: every thread then fences at the GPU's
-    scope, so that its loads of what other SMs stored are not served by a stale line in this SM's L1."""
-    _poll_until(Count, _poll(Count, ATOMIC), needed, spin_limit, SLEEP_NS, ATOMIC)
-    if FENCE:
-        _fence_at_gpu_scope()
-    tl.debug_barrier()
-
-
-@triton.jit
-def _zero_counts(Next, KV_HEADS: tl.constexpr, APART: tl.constexpr):
-    """The next layer's block's counts (its own set: block_wait_sets), set to 0 by this block past its PDL wait: the
-    block that used that set last has ended by then, and the next one counts only past its own wait, after this
-    block has ended. So no replay needs a memset, and no program takes a count back on its way."""
-    for count in tl.static_range(2 * KV_HEADS):
-        tl.store(Next + count * APART, 0)
-
-
-@triton.jit
-def _wait_for_heads(Waits, rows, k_start, k_end, spin_limit, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                    D: tl.constexpr, APART: tl.constexpr, SLEEP_NS: tl.constexpr, ATOMIC: tl.constexpr,
-                    FENCE: tl.constexpr):
-    """An O program of the persistent block waits for the attention of each KV head whose group's outputs its K
-    split [k_start, k_end) reads: every row's (`rows` arrivals)."""
-    group_width = HEADS // KV_HEADS * D
-    for kv_head in range(k_start // group_width, (k_end - 1) // group_width + 1):
-        _wait_for(Waits + (KV_HEADS + kv_head) * APART, rows, spin_limit, SLEEP_NS, ATOMIC, FENCE)
-
-
-@triton.jit
-def _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, n_total, k_per_split, k_tiles,
-               eps, pid, INPUT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               SPLITS: tl.constexpr, ONE_TILE: tl.constexpr, PACKED: tl.constexpr, DOT: tl.constexpr,
-               PDL: tl.constexpr, Times, TIMED: tl.constexpr, Waits, NextWaits, HEADS: tl.constexpr,
-               KV_HEADS: tl.constexpr, D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr, FENCE: tl.constexpr):
-    """The persistent block's QKV: program `pid`'s share as `_matvec`'s (the norm, PARTIALS), its first tile loaded
-    before the PDL wait; nothing past the product's programs but the wait. The next kernel is not let launch. Where
-    WAITS, counted in for each KV head whose attention reads its sums (`_count_in`), and the next layer's counts set
-    to 0 by program 0 (`_zero_counts`)."""
-    items = tl.cdiv(n_total, BN) * SPLITS
-    pid_n, pid_k, k_start, k_end = _block_item(pid, n_total, hidden, k_per_split, BN, SPLITS)
-    w = _weight_tile(Wqkv, pid_n, k_start, k_end, n_total, hidden, k_tiles, BN, BK, PACKED)
-    _pdl_wait(PDL)
-    _mark(Times, pid, 1, TIMED)
-    if WAITS and pid == 0:
-        _zero_counts(NextWaits, KV_HEADS, APART)
-    if pid < items:
-        acc, squares = _weight_loop(w, X, x_row, Residual, Ids, Gain, Wqkv, rows, k_start, k_end, hidden, n_total,
-                                    k_tiles, pid_n, 0, INPUT, True, ROWS, BN, BK, PACKED, DOT, False, 0, ONE_TILE)
-        _product_out(acc, squares, Parts, Squares, Bump, rows, n_total, n_total, hidden, eps, pid_n, pid_k, True, 0,
-                     SPLITS, False, ROWS, BN, DOT, PDL, -1)
-        if WAITS:
-            _count_in(Waits, pid_n, n_total, BN, HEADS, KV_HEADS, D, APART, FENCE)
-
-
-@triton.jit
-def _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Arrivals, o_row, rows,
-                     qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit, pid, Times,
-                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                     QKV_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr, ROPE_SHIFT: tl.constexpr,
-                     APPEND: tl.constexpr, IEEE: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr,
-                     SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, FENCE: tl.constexpr, TIMED: tl.constexpr):
-    """The persistent block's attention for row pid // KV_HEADS and KV head pid % KV_HEADS, as `_head_attention`'s;
-    where WAITS, after the head's QKV programs (Arrivals[kv_head] of them), then counted in for O's programs."""
-    kv_head = pid % KV_HEADS
-    if WAITS:
-        _wait_for(Waits + kv_head * APART, tl.load(Arrivals + kv_head), spin_limit, SLEEP_NS, POLL_ATOMIC, FENCE)
-        _mark(Times, pid, 3, TIMED)
-    _head_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, o_row, rows, qkv_n, hidden,
-                    eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, kv_head, HEADS, KV_HEADS, GROUP_PAD, D,
-                    QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND, IEEE, pid // KV_HEADS)
-    if WAITS:  # its stores (every thread's) before its count
-        _stores_then_fence(FENCE)
-        tl.atomic_add(Waits + (KV_HEADS + kv_head) * APART, 1, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _attention_block(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Wo, AttnOut, Bump, Pos, Cos, Sin, QNorm,
-                     KNorm, Keys, Values, Barrier, Waits, NextWaits, Arrivals, rows, hidden, qkv_n, qkv_k_per_split,
-                     qkv_k_tiles, o_k, o_k_per_split, o_k_tiles, eps, scale, k_row, k_head, k_slot, v_row, v_head,
-                     v_slot, o_row, spin_limit, INPUT: tl.constexpr, ROWS: tl.constexpr, QKV_BN: tl.constexpr,
-                     QKV_BK: tl.constexpr, QKV_SPLITS: tl.constexpr, QKV_ONE_TILE: tl.constexpr, O_BN: tl.constexpr,
-                     O_BK: tl.constexpr, O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr,
-                     DOT: tl.constexpr, BUMP: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                     GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr,
-                     ROPE_SHIFT: tl.constexpr, APPEND: tl.constexpr, IEEE: tl.constexpr, PHASE: tl.constexpr,
-                     PDL: tl.constexpr, SLEEP_NS: tl.constexpr, POLL_ATOMIC: tl.constexpr, GENERATION_AT: tl.constexpr,
-                     WAITS: tl.constexpr, APART: tl.constexpr, Ahead=None, ahead_runs=0, ahead_run_bytes=0,
-                     ahead_bytes=0, AHEAD: tl.constexpr = False, Times=None, TIMED: tl.constexpr = False):
-    """A layer's QKV (as `_matvec`'s), attention (a program a row and KV head) and O (added to the residual stream) in
-    one persistent kernel (BLOCK_MAX_ROWS), a grid barrier between them or (WAITS) each program waiting for what it
-    reads. PHASE 0 runs all three; 1, 2 or 3 that one alone, with no barrier (Triton's interpreter runs one program
-    after another: no barrier could open, and the three are three launches; the waits there find their counts full)."""
-    pid, programs, grid = tl.program_id(0), tl.num_programs(0), (PHASE == 0) & (WAITS == 0)
-    _mark(Times, pid, 0, TIMED)
-    if PHASE < 2:
-        _block_qkv(X, x_row, Residual, Ids, Gain, Wqkv, Parts, Squares, Bump, rows, hidden, qkv_n, qkv_k_per_split,
-                   qkv_k_tiles, eps, pid, INPUT, ROWS, QKV_BN, QKV_BK, QKV_SPLITS, QKV_ONE_TILE, PACKED, DOT, PDL,
-                   Times, TIMED, Waits, NextWaits, HEADS, KV_HEADS, D, WAITS, APART, PHASE == 0)
-    else:
-        _pdl_wait(PDL)
-    on, ok, o_start, o_end = _block_item(pid, hidden, o_k, o_k_per_split, O_BN, O_SPLITS)
-    wo = _weight_tile(Wo, on, o_start, o_end, hidden, o_k, o_k_tiles, O_BN, O_BK, PACKED)  # in flight till O's turn
-    _block_barrier(Barrier, programs, spin_limit, pid, 2, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
-    if (PHASE == 0 or PHASE == 2) and pid < rows * KV_HEADS:  # one program a (row, KV head)
-        _block_attention(Parts, Squares, Pos, Cos, Sin, QNorm, KNorm, Keys, Values, AttnOut, Waits, Arrivals, o_row,
-                         rows, qkv_n, hidden, eps, scale, k_row, k_head, k_slot, v_row, v_head, v_slot, spin_limit,
-                         pid, Times, HEADS, KV_HEADS, GROUP_PAD, D, QKV_SPLITS, BLOCK_N, QK_NORM, ROPE_SHIFT, APPEND,
-                         IEEE, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
-    elif AHEAD:  # gate/up's programs' first tiles, one run each (block_ahead)
-        _runs_to_l2(Ahead, pid - rows * KV_HEADS, ahead_runs, programs - rows * KV_HEADS, ahead_run_bytes, ahead_bytes)
-    _block_barrier(Barrier, programs, spin_limit, pid, 4, Times, grid, SLEEP_NS, POLL_ATOMIC, GENERATION_AT, TIMED)
-    if PHASE == 0 or PHASE == 3:
-        _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles, on,
-                 ok, o_start, o_end, eps, spin_limit, pid, Times, ROWS, O_BN, O_BK, O_SPLITS, O_ONE_TILE, PACKED, DOT,
-                 BUMP, PDL, HEADS, KV_HEADS, D, WAITS, APART, SLEEP_NS, POLL_ATOMIC, PHASE == 0, TIMED)
-    _mark(Times, pid, 6, TIMED)
-
-
-@triton.jit
-def _block_o(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, Squares, Bump, Waits, rows, hidden, o_k, o_k_tiles, on, ok,
-             o_start, o_end, eps, spin_limit, pid, Times, ROWS: tl.constexpr, O_BN: tl.constexpr,
-             O_BK: tl.constexpr, O_SPLITS: tl.constexpr, O_ONE_TILE: tl.constexpr, PACKED: tl.constexpr,
-             DOT: tl.constexpr, BUMP: tl.constexpr, PDL: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-             D: tl.constexpr, WAITS: tl.constexpr, APART: tl.constexpr, SLEEP_NS: tl.constexpr,
-             POLL_ATOMIC: tl.constexpr, FENCE: tl.constexpr, TIMED: tl.constexpr):
-    """The persistent block's O program `pid` for column block `on` and K split `ok` (its first tile `wo` loaded;
-    nothing past O's programs): where WAITS, after the attention of the heads it reads; the attention's output (PLAIN
-    input) times O, ADD-ed to the residual stream, and the next kernel let launch (past both barriers or every wait:
-    all of ours resident)."""
-    if pid < tl.cdiv(hidden, O_BN) * O_SPLITS:
-        if WAITS:
-            _wait_for_heads(Waits, rows, o_start, o_end, spin_limit, HEADS, KV_HEADS, D, APART, SLEEP_NS, POLL_ATOMIC,
-                            FENCE)
-            _mark(Times, pid, 5, TIMED)
-        acc, squares = _weight_loop(wo, AttnOut, o_row, Residual, Ids, Gain, Wo, rows, o_start, o_end, o_k, hidden,
-                                    o_k_tiles, on, 0, 0, False, ROWS, O_BN, O_BK, PACKED, DOT, False, 0, O_ONE_TILE)
-        _product_out(acc, squares, Residual, Squares, Bump, rows, hidden, hidden, o_k, eps, on, ok, False, 3, O_SPLITS,
-                     BUMP, ROWS, O_BN, DOT, PDL, 1)
 
 
 @dataclass(frozen=True)
@@ -1412,32 +875,13 @@ class Product:
         return triton.cdiv(self.k, self.bk)
 
 
-@dataclass
-class MlpBlock:
-    """A layer's MLP as one kernel reads it (plan_mlp): gate and up paired and packed, down's columns by program."""
-
-    pair: torch.Tensor  # [2C, BK] tiles of gate's C rows then up's, program by program, then K tile by K tile
-    down: torch.Tensor  # [programs, hidden, C]
-    columns: int  # C: the intermediate's columns a program takes
-    bk: int  # gate/up's K tile
-    bh: int  # down's outputs a block
-    programs: int
-    warps: int
-
-    def __str__(self) -> str:
-        return (f"mlp: gate/up, SiLU·mul and down in one kernel, {self.columns} columns of the intermediate a "
-                f"program, {self.programs} programs, {self.warps} warps")
-
-
 def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: int, *, residual=None, ids=None,
                    gain=None, squares=None, bump=None, eps: float = 1e-6, input: int = PLAIN, output: int = PARTIALS,
-                   pdl: bool = False, attention: tuple[tuple, dict] | None = None) -> None:
+                   pdl: bool = False) -> None:
     """One `_matvec` launch as `product` plans it: x [rows, k] (input=EMBEDDING: the rows of the table x that `ids`
     name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
     cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
-    in). `attention`: `_qkv_attention`'s own arguments and options, after the product's, where the layer's attention
-    runs in this (QKV) product's tail (folds_attention_into_qkv: its tiles through registers). The step and the
-    benchmarks launch products through this one call."""
+    in). The step and the benchmarks launch products through this one call."""
     residual, ids, gain_given = out if residual is None else residual, out if ids is None else ids, gain is not None
     gain, squares = out if gain is None else gain, out if squares is None else squares
     bump_at = out if bump is None else bump
@@ -1448,13 +892,8 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
                                   squares, bump_at, *sizes, STAGES=product.stages, FIRST=TMA_FIRST_BEFORE_WAIT,
                                   **shared)
         return
-    arguments = (x, x.stride(0), residual, ids, gain, product.weight, out, squares, bump_at, *sizes,
-                 product.prefetch_ahead)
-    options = dict(STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile, **shared)
-    if attention is None:
-        _matvec[product.grid](*arguments, **options)
-    else:
-        _qkv_attention[product.grid](*arguments, *attention[0], **options, **attention[1])
+    _matvec[product.grid](x, x.stride(0), residual, ids, gain, product.weight, out, squares, bump_at, *sizes,
+                          product.prefetch_ahead, STAGES=PIPELINE_STAGES, ONE_TILE=product.one_tile, **shared)
 
 
 def product_constants(product: Product, rows: int, input: int, output: int, norm: bool, bump: bool,
@@ -1510,200 +949,9 @@ def attention_chunks(rows: int, kv_heads: int, longest_prefix: int) -> int:
     return splits_for(rows, kv_heads, longest_prefix, ATTENTION_PROGRAMS)
 
 
-def folds_attention_into_o(options: FusedOptions, rows: int, heads: int, kv_heads: int, chunks: int) -> bool:
-    """Whether a step folds each layer's attention into its O product: the attention folded, one chunk a KV head
-    (nothing to merge), ATTENTION_IN_O_MAX_ROWS rows at most, and a group of query heads a power of two."""
-    group = heads // kv_heads
-    return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_O_MAX_ROWS
-            and group == triton.next_power_of_2(group))
-
-
-def folds_attention_into_qkv(options: FusedOptions, rows: int, chunks: int, qkv: Product) -> bool:
-    """Whether a step computes each layer's attention in the tail of its QKV product: the attention folded, one chunk a
-    KV head, ATTENTION_IN_QKV_MAX_ROWS rows at most, and QKV's tiles through registers (`_matvec`, not TMA)."""
-    return (options.fold_attention and chunks == 1 and rows <= ATTENTION_IN_QKV_MAX_ROWS
-            and qkv.descriptor is None)
-
-
-def block_products(qkv: Product, o: Product, most: int) -> tuple[Product, Product] | None:
-    """QKV and O as the persistent block runs them: each K split as the rules plan it, or into fewer splits (the most
-    that divide K into whole tiles) until its programs are `most` at most; None where one cannot fit."""
-    fitted = []
-    for product in (qkv, o):
-        blocks = triton.cdiv(product.n, product.bn)
-        splits = [s for s in range(product.splits, 0, -1) if blocks * s <= most
-                  and (s == 1 or triton.cdiv(product.k, s) % product.bk == 0)]
-        if not splits:
-            return None
-        fitted.append(replace(product, splits=splits[0]))
-    return fitted[0], fitted[1]
-
-
-def block_programs(qkv: Product, o: Product, rows: int, kv_heads: int) -> int:
-    """The persistent block's grid: a program for each of QKV's and O's (block_products) and each (row, KV head)'s
-    attention, whichever are most."""
-    return max(qkv.grid[0] * qkv.grid[1], o.grid[0] * o.grid[1], rows * kv_heads)
-
-
 def group_pad(heads: int, kv_heads: int) -> int:
     """The query tile's rows for a KV head's group of heads: the MMA's least (16), or the group to a power of two."""
     return max(16, triton.next_power_of_2(heads // kv_heads))
-
-
-def block_ahead(gate_up: Product, tiles: int) -> tuple[int, int, int] | None:
-    """What the persistent block's idle programs ask of L2 for gate/up (BLOCK_AHEAD_TILES): its programs' runs of
-    packed tiles (one a column block, K unsplit: SwiGLU's whole sums), each run's bytes, and the bytes asked of each,
-    its first `tiles` tiles; None where there are none, or gate/up is not packed tiles in one run a program."""
-    if tiles <= 0 or not gate_up.packed or gate_up.splits != 1 or (gate_up.choice and gate_up.choice.slices):
-        return None
-    tile_bytes = gate_up.bn * gate_up.bk * gate_up.weight.element_size()
-    return triton.cdiv(gate_up.n, gate_up.bn), gate_up.k_tiles * tile_bytes, min(tiles, gate_up.k_tiles) * tile_bytes
-
-
-def block_constants(qkv: Product, o: Product, rows: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool,
-                    input: int = PLAIN, bump: bool = True, rope_shift: int = 0, append: bool = True,
-                    ieee: bool = False) -> dict:
-    """`_attention_block`'s compile-time constants but PHASE, PDL and its timer's (FusedDecoder._block's launch;
-    benchmarks/fused_occupancy.py compiles the same), for QKV and O as block_products fits them."""
-    padded = triton.next_power_of_2(rows)
-    return dict(INPUT=input, ROWS=max(16, padded) if qkv.dot else padded, QKV_BN=qkv.bn, QKV_BK=qkv.bk,
-                QKV_SPLITS=qkv.splits, QKV_ONE_TILE=qkv.one_tile, O_BN=o.bn, O_BK=o.bk, O_SPLITS=o.splits,
-                O_ONE_TILE=o.one_tile, PACKED=qkv.packed, DOT=qkv.dot, BUMP=bump, HEADS=heads, KV_HEADS=kv_heads,
-                GROUP_PAD=group_pad(heads, kv_heads), D=head_dim, BLOCK_N=ATTN_BLOCK_N,
-                QK_NORM=qk_norm, ROPE_SHIFT=rope_shift, APPEND=append, IEEE=ieee, SLEEP_NS=BARRIER_POLL_SLEEP_NS,
-                POLL_ATOMIC=BARRIER_POLL_ATOMIC, GENERATION_AT=BARRIER_GENERATION_AT, WAITS=BLOCK_WAITS,
-                APART=WAIT_COUNTS_APART)
-
-
-def folds_block(options: FusedOptions, rows: int, chunks: int, qkv: Product, o: Product, kv_heads: int,
-                sms: int) -> tuple[Product, Product] | None:
-    """QKV and O as the persistent block runs them (block_products), where a step runs each layer's QKV, attention and
-    O as one kernel: the attention folded, one chunk a KV head, BLOCK_MAX_ROWS rows at most, both products tiles
-    through registers alike (not TMA, sliced or prefetched), not fused.tune (which plans each kind on its own), and
-    every program resident at once on `sms` SMs at BLOCK_PROGRAMS_PER_SM an SM; else None."""
-    most = BLOCK_PROGRAMS_PER_SM * sms
-    alike = (qkv.dot, qkv.packed, qkv.warps) == (o.dot, o.packed, o.warps)
-    plain = all(p.descriptor is None and not p.prefetch_bytes and not (p.choice and p.choice.slices) for p in (qkv, o))
-    if not (options.fold_attention and not options.tune and chunks == 1 and rows <= BLOCK_MAX_ROWS and alike
-            and plain and rows * kv_heads <= most):
-        return None
-    return block_products(qkv, o, most)
-
-
-def kv_head_arrivals(qkv: Product, heads: int, kv_heads: int, head_dim: int) -> list[int]:
-    """For each KV head, the programs of the QKV product that count themselves in for it in `_qkv_attention`: every
-    K split of each block of qkv.bn columns that holds any of its group's q, its k or its v (as `_counts_for_kv_head`
-    decides), and of the first block, which writes the norm's squares that every head's attention reads."""
-    group_width, arrivals = heads // kv_heads * head_dim, []
-    for kv_head in range(kv_heads):
-        spans = [(kv_head * group_width, group_width), ((heads + kv_head) * head_dim, head_dim),
-                 ((heads + kv_heads + kv_head) * head_dim, head_dim)]
-        blocks = {0, *(b for start, width in spans for b in range(start // qkv.bn, (start + width - 1) // qkv.bn + 1))}
-        arrivals.append(qkv.splits * len(blocks))
-    return arrivals
-
-
-def block_wait_sets(layers: int) -> list[int] | None:
-    """Which of three sets of counts each layer's persistent block waits on (BLOCK_WAITS): layer after layer, the last
-    one included, on to the next step's first, no two in a row share a set, so that a block can set the next one's
-    counts to 0 (`_zero_counts`) while nothing else uses them: alternately 0 and 1, and 2 for the last of an odd count
-    of layers. One layer would wait on the set it clears: None (the block keeps its grid barriers)."""
-    if layers < 2:
-        return None
-    return [2 if layers % 2 and layer == layers - 1 else layer % 2 for layer in range(layers)]
-
-
-def folds_mlp(rows: int, layers: int, gate_up: Product) -> bool:
-    """Whether a step runs each layer's MLP as one kernel (`_mlp`): MLP_IN_ONE_MAX_ROWS rows at most, three layers at
-    least (residual_buffers), and gate/up's tiles not through TMA (a model that wide keeps its TMA products)."""
-    return rows <= MLP_IN_ONE_MAX_ROWS and layers >= 3 and gate_up.descriptor is None
-
-
-def residual_buffers(layers: int) -> list[int]:
-    """Which of four residual buffers each layer's MLP adds into when it runs as one kernel: the step's embedding rows
-    go to buffer 0; layer l reads the residual from buffer 0 (l = 0) or the one layer l - 1 added into, adds into
-    answer[l] (which holds zeros by then) and zeroes answer[l + 1], the one the next layer adds into (the last
-    layer: answer[0], for the next step). So no buffer is zeroed or added to while a kernel reads it, and none that
-    a later MLP adds into is written before it: answer[l] is neither of the two buffers before it (the embedding's
-    counting as both before layer 0), and answer[0] neither of the last two, which needs three layers at least."""
-    if layers < 3:
-        raise ValueError(f"the MLP in one kernel needs 3 decoder layers at least, not {layers}")
-    answer: list[int] = []
-    for layer in range(layers):
-        taken = {0 if layer < 1 else answer[layer - 1], 0 if layer < 2 else answer[layer - 2]}
-        if layer >= layers - 2:
-            taken.add(answer[0])
-        answer.append(min({0, 1, 2, 3} - taken))
-    return answer
-
-
-def mlp_columns(intermediate: int) -> int:
-    """Columns of the intermediate a program of `_mlp` takes: the widest power of two, MLP_MIN_COLUMNS at least, that
-    leaves MLP_PROGRAMS programs at least (Qwen3-0.6B's 3072: 16, 192 programs; Llama-3.2-1B's 8192: 32, 256);
-    INTERPRETED_MLP_COLUMNS in Triton's interpreter (a tiny model's 128 then take eight programs)."""
-    if interpreted():
-        return INTERPRETED_MLP_COLUMNS
-    columns = MLP_MIN_COLUMNS
-    while triton.cdiv(intermediate, 2 * columns) >= MLP_PROGRAMS:
-        columns *= 2
-    return columns
-
-
-def plan_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, rows: int = 1) -> MlpBlock:
-    """A layer's MLP as `_mlp` reads it at `rows` batch rows: gate and up paired in blocks of mlp_columns rows each
-    (pair_blocks) and packed in [2C, BK] tiles; down's columns as [programs, hidden, C], each program's slice
-    contiguous (zeros past the intermediate). A thread holds about MLP_VALUES_A_THREAD 16-bit values of a tile (half
-    as many of fp32) for each batch row on MLP_WARPS warps (one in the interpreter, in INTERPRETED_MLP_BLOCK blocks)."""
-    columns, (hidden, intermediate) = mlp_columns(gate.shape[0]), down.shape
-    warps = 1 if interpreted() else MLP_WARPS
-    widest = triton.next_power_of_2(hidden)
-    if interpreted():
-        bk = bh = min(INTERPRETED_MLP_BLOCK, widest)
-    else:
-        values = MLP_VALUES_A_THREAD * warps * 32 * 2 // down.element_size() // triton.next_power_of_2(rows)
-        bk, bh = min(widest, max(16, values // (2 * columns))), min(widest, max(16, values // columns))
-    paired = pair_blocks(gate, up, columns)
-    programs = paired.shape[0] // (2 * columns)
-    slices = down.new_zeros(hidden, programs * columns)
-    slices[:, :intermediate] = down
-    return MlpBlock(pack(paired, 2 * columns, bk), slices.view(hidden, programs, columns).transpose(0, 1).contiguous(),
-                    columns, bk, bh, programs, warps)
-
-
-def attention_o_warps() -> dict:
-    """`_attention_o`'s warps and registers a thread: eight warps held to ATTENTION_O_REGISTERS (two programs an SM:
-    Llama-3.2-1B's 256 programs in one wave; left to ptxas it took 224, one program an SM); one in the interpreter."""
-    if interpreted():
-        return dict(num_warps=1)
-    return dict(num_warps=8, **held_to(ATTENTION_O_REGISTERS))
-
-
-def held_to(registers: int | None) -> dict:
-    """A launch's option that holds a kernel to `registers` a thread (ptxas's maxnreg); none where None (ptxas
-    allocates) or in Triton's interpreter, which has no registers to hold."""
-    return {"maxnreg": registers} if registers and not interpreted() else {}
-
-
-def pack_o_groups(weight: torch.Tensor, bn: int, kv_heads: int) -> torch.Tensor:
-    """o_proj [hidden, heads * D] as the attention folded into O reads it: for each KV head, then each block of bn
-    output rows, the block's columns of that KV head's group of heads, [bn, group * D] contiguous (rows past hidden
-    zero), so that a program asks L2 for its tile in one request."""
-    hidden, width = weight.shape
-    rows = triton.cdiv(hidden, bn) * bn
-    padded = torch.zeros(rows, width, dtype=weight.dtype, device=weight.device)
-    padded[:hidden] = weight
-    return padded.view(rows // bn, bn, kv_heads, width // kv_heads).permute(2, 0, 1, 3).contiguous()
-
-
-def attention_o_block(hidden: int, kv_heads: int) -> int:
-    """O's output columns a program of the attention folded into O takes: 64, or fewer where that leaves fewer
-    programs than SMs; in Triton's interpreter 32 (a tiny model's O then runs as two blocks, whose first appends)."""
-    if interpreted():
-        return 32
-    block = 64
-    while block > 16 and triton.cdiv(hidden, block) * kv_heads < SMS:
-        block //= 2
-    return block
 
 
 def tile_sizes(n: int, k: int) -> tuple[int, int, int]:
@@ -1965,8 +1213,6 @@ class Layer:
     mlp_norm: torch.Tensor
     gate_up: Product
     down: Product
-    o_groups: torch.Tensor | None = None  # o_proj as the attention folded into O reads it (pack_o_groups)
-    mlp: MlpBlock | None = None  # gate/up and down as the MLP in one kernel reads them (plan_mlp)
 
 
 class FusedDecoder:
@@ -1995,48 +1241,8 @@ class FusedDecoder:
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         capacity = cache.layers[0].max_cache_len
         self.longest_prefix = min(longest_prefix or capacity, capacity)
-        self.mlp_in_one = folds_mlp(rows, len(self.layers), self.layers[0].gate_up)
-        # which residual buffer each layer's MLP adds into where it runs as one kernel (else the one, in place)
-        self.mlp_adds_into = residual_buffers(len(self.layers)) if self.mlp_in_one else None
-        if self.mlp_in_one:
-            self._plan_mlp_in_one()
-        self.block = self._fit_block()  # each layer's QKV, attention and O in one persistent kernel
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
-        self.attention_in_o = not self.block and folds_attention_into_o(options, rows, self.heads, self.kv_heads,
-                                                                        self.attn_acc.shape[2])
-        self.attention_in_qkv = not (self.block or self.attention_in_o) and folds_attention_into_qkv(
-            options, rows, self.attn_acc.shape[2], self.layers[0].qkv)
-        if self.attention_in_o:
-            block = attention_o_block(self.hidden, self.kv_heads)
-            with torch.no_grad():
-                self.layers = [replace(ours, o_groups=pack_o_groups(theirs.self_attn.o_proj.weight, block,
-                                                                    self.kv_heads))
-                               for ours, theirs in zip(self.layers, model.model.layers)]
-
-    def _plan_mlp_in_one(self) -> None:
-        """Each layer's gate/up and down as the MLP in one kernel reads them (plan_mlp)."""
-        with torch.no_grad():
-            self.layers = [replace(ours, mlp=plan_mlp(theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight,
-                                                      theirs.mlp.down_proj.weight, self.rows))
-                           for ours, theirs in zip(self.layers, self.model.model.layers)]
-
-    def _fit_block(self) -> bool:
-        """Whether each layer's QKV, attention and O run as the persistent block (folds_block), and if so, the layers'
-        QKV and O split as it fits them to the programs this GPU holds at once, the block's sets of counts where its
-        programs wait for what they read, and what its idle programs ask of L2."""
-        first, device = self.layers[0], self.cache.layers[0].keys.device
-        sms = SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
-        fitted = folds_block(self.options, self.rows, self._attention_splits(), first.qkv, first.o, self.kv_heads, sms)
-        if fitted is not None:
-            self.layers = [replace(layer, qkv=replace(layer.qkv, splits=fitted[0].splits),
-                                   o=replace(layer.o, splits=fitted[1].splits)) for layer in self.layers]
-        # its programs waiting for what each reads (BLOCK_WAITS), each layer's counts in a set of three (or None)
-        self.block_sets = block_wait_sets(len(self.layers)) if fitted and BLOCK_WAITS else None
-        # what its idle programs ask of L2 for gate/up (a GPU's bulk prefetches), or None
-        self.block_ahead = (block_ahead(first.gate_up, BLOCK_AHEAD_TILES)
-                            if fitted and not (self.mlp_in_one or interpreted()) else None)
-        return fitted is not None
 
     def _layer(self, layer) -> Layer:
         attn = layer.self_attn
@@ -2055,11 +1261,9 @@ class FusedDecoder:
                     kind=kind)
 
     def products(self) -> dict[str, Product]:
-        """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head; not gate/up and down
-        where the MLP runs as one kernel (mlp_plan)."""
+        """Each kind's product as it runs (every layer's alike): the first layer's, and lm_head."""
         first = self.layers[0]
-        mlp = {} if self.mlp_in_one else dict(gate_up=first.gate_up, down=first.down)
-        return dict(qkv=first.qkv, o=first.o, **mlp, lm_head=self.lm_head)
+        return dict(qkv=first.qkv, o=first.o, gate_up=first.gate_up, down=first.down, lm_head=self.lm_head)
 
     def replanned(self, kind: str, choice: PlanChoice) -> FusedDecoder:
         """A decoder whose `kind` products are planned as `choice` says, sharing this one's other weights, with
@@ -2078,10 +1282,7 @@ class FusedDecoder:
     def _buffers(self, like: torch.Tensor) -> None:
         rows, first = self.rows, self.layers[0]
         f32 = dict(device=like.device, dtype=torch.float32)
-        # the residual stream, in fp32, added to in place; where the MLP runs as one kernel, four buffers that the
-        # layers take in turn (residual_buffers). `residual`: the buffer of the layer being launched
-        self.residuals = torch.zeros(4 if self.mlp_in_one else 1, rows, self.hidden, **f32)
-        self.residual = self.residuals[0]
+        self.residual = torch.zeros(rows, self.hidden, **f32)  # the residual stream, in fp32, added to in place
         self.qkv_parts = torch.zeros(first.qkv.splits, rows, first.qkv.n, **f32)
         self.squares = torch.zeros(first.qkv.splits, rows, **f32)
         self.q = torch.zeros(rows, self.heads, self.head_dim, device=like.device, dtype=like.dtype)
@@ -2089,19 +1290,11 @@ class FusedDecoder:
         self.act = torch.zeros(rows, first.down.k, device=like.device, dtype=like.dtype)
         self.logits = torch.zeros(rows, self.lm_head.n, **f32)
         splits = self._attention_splits()
-        # the persistent block's grid barrier: its count, and its generation a line on (_grid_barrier: never reset)
-        self.barrier = torch.zeros(2 * BARRIER_GENERATION_AT, device=like.device, dtype=torch.int32)
         self.attn_acc = torch.empty(rows, self.heads, splits, self.head_dim, **f32)
         self.attn_max, self.attn_sum = (torch.empty(rows, self.heads, splits, **f32) for _ in range(2))
         # chunks of each (row, KV head) done in the folded attention: the last merges them and sets it back to 0
         self.chunks_done = torch.zeros(rows, self.kv_heads, device=like.device, dtype=torch.int32)
-        # the attention in QKV's tail: the programs that count themselves in for each KV head, and their count so far
-        self.qkv_arrivals = torch.tensor(kv_head_arrivals(first.qkv, self.heads, self.kv_heads, self.head_dim),
-                                         device=like.device, dtype=torch.int32)
-        self.qkv_counted = torch.zeros(self.kv_heads, device=like.device, dtype=torch.int32)
-        # the persistent block's waits (BLOCK_WAITS): three sets of counts (block_wait_sets), each KV head's QKV
-        # arrivals and its attention's rows, a line of L2 each
-        self.block_waits = torch.zeros(3, 2 * self.kv_heads, WAIT_COUNTS_APART, device=like.device, dtype=torch.int32)
+
 
     def _attention_splits(self) -> int:
         """The attention's chunks a (row, KV head): for the longest prefix the run decodes to, or the cache's
@@ -2111,144 +1304,31 @@ class FusedDecoder:
         return splits_for(self.rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
 
     def kernels_per_step(self) -> int:
-        folded = self.attention_in_o or self.attention_in_qkv
-        per_layer = (3 if self.block else 4 if folded else 5 if self.options.fold_attention else 7) - self.mlp_in_one
-        return per_layer * len(self.layers) + 1
+        return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
         position = self.cache.layers[0].cumulative_length
         for index, (layer, kv) in enumerate(zip(self.layers, self.cache.layers)):
-            self.residual = self._residual_of(index)
             # at layer 0 the embedding rows of the input ids are the residual stream's first value
             x, source = (self.embedding, EMBEDDING) if index == 0 else (self.residual, PLAIN)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
-            self._attention_block(layer, kv, position, x, source, bump, index)
-            self._mlp(layer, index)
-        self.residual = self._residual_of(len(self.layers))
+            self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm)
+            if self.options.fold_attention:
+                self._attention(layer, kv, position)
+            else:
+                self._rope_append(layer, kv, position)
+                self._attend(kv, position)
+            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
+            self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
+            self._product(layer.down, self.residual, self.act, output=ADD)
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
         return self.logits
 
-    def _residual_of(self, index: int) -> torch.Tensor:
-        """The residual buffer that layer `index` reads (index = the layers: the one lm_head reads)."""
-        if not self.mlp_in_one or index == 0:
-            return self.residuals[0]
-        return self.residuals[self.mlp_adds_into[index - 1]]
-
-    def _mlp(self, layer: Layer, index: int) -> None:
-        """The layer's MLP added to the residual stream: gate/up then down, or one `_mlp` launch (MLP_IN_ONE_MAX_ROWS)
-        that adds into the next layer's residual buffer and zeroes the one after it."""
-        block = layer.mlp
-        if block is None:
-            self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
-            self._product(layer.down, self.residual, self.act, output=ADD)
-            return
-        into = self.mlp_adds_into
-        share = triton.cdiv(self.rows * self.hidden, block.programs)
-        down_bytes = self.hidden * block.columns * block.down.element_size() // 16 * 16
-        _mlp[(block.programs,)](
-            self.residual, self.residuals[into[index]], self.residuals[into[(index + 1) % len(into)]],
-            layer.mlp_norm, block.pair, block.down, self.rows, self.hidden, self.eps, share, down_bytes,
-            ROWS=triton.next_power_of_2(self.rows), C=block.columns, BK=block.bk, BH=block.bh,
-            ZB=triton.next_power_of_2(share), ONE_TILE=block.bk >= self.hidden,
-            DOWN_TO_L2=MLP_DOWN_TO_L2 and not interpreted(), num_warps=block.warps, **self._launch(),
-            **held_to(MLP_REGISTERS))
-
-    def mlp_plan(self) -> str:
-        """How the step runs each layer's MLP, as the run's `fused_plan` tag says."""
-        return str(self.layers[0].mlp) if self.mlp_in_one else "mlp: gate/up, then down"
-
-    def _attention_block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump,
-                         index: int) -> None:
-        """QKV, the attention and O, added to the residual stream: three launches, or two where the attention is
-        folded into QKV's tail or into O, one where all three run as the persistent block, or five where the attention
-        is not folded at all."""
-        if self.block:
-            self._block(layer, kv, position, x, source, bump, index)
-            return
-        if self.attention_in_qkv:
-            self._qkv_attention(layer, kv, position, x, source)
-            self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
-            return
-        self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm)
-        if self.attention_in_o:
-            self._attention_o(layer, kv, position, bump)
-        else:
-            self._attention_then_o(layer, kv, position, bump)
-
-    def _qkv_attention(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int) -> None:
-        """The QKV product with the layer's attention in its tail (ATTENTION_IN_QKV_MAX_ROWS): one launch for both."""
-        keys, values = kv.keys, kv.values
-        arguments = (self.qkv_arrivals, self.qkv_counted, position, self.cos, self.sin,
-                     *self._head_norms(layer, self.cos), keys, values, self.attn_out, self.attn_out.stride(0),
-                     self.scale, *keys.stride()[:3], *values.stride()[:3])
-        options = dict(HEADS=self.heads, KV_HEADS=self.kv_heads, GROUP_PAD=self.group_pad, D=self.head_dim,
-                       BLOCK_N=ATTN_BLOCK_N, QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift,
-                       APPEND=self.append, IEEE=keys.dtype == torch.float32 or interpreted(), FENCE=not interpreted(),
-                       **held_to(QKV_ATTENTION_REGISTERS))
-        self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm, attention=(arguments, options))
-
-    def _block(self, layer: Layer, kv, position: torch.Tensor, x: torch.Tensor, source: int, bump,
-               index: int) -> None:
-        """QKV, the attention and O in one persistent kernel (BLOCK_MAX_ROWS); in Triton's interpreter, which runs one
-        program after another (no barrier could open), the kernel's three phases as three launches, where each wait
-        (BLOCK_WAITS) finds its count full at its first poll (a miscount polls once and goes on: the counts show it)."""
-        keys, values, qkv, o = kv.keys, kv.values, layer.qkv, layer.o
-        programs = block_programs(qkv, o, self.rows, self.kv_heads)
-        arguments = (x, x.stride(0), self.residual, self.input_ids, layer.attn_norm, qkv.weight, self.qkv_parts,
-                     self.squares, o.weight, self.attn_out, position if bump is None else bump, position, self.cos,
-                     self.sin, *self._head_norms(layer, self.cos), keys, values, self.barrier, *self._wait_sets(index),
-                     self.qkv_arrivals, self.rows, self.hidden, qkv.n, triton.cdiv(qkv.k, qkv.splits), qkv.k_tiles,
-                     o.k, triton.cdiv(o.k, o.splits), o.k_tiles, self.eps, self.scale, *keys.stride()[:3],
-                     *values.stride()[:3], self.attn_out.stride(0), 1 if interpreted() else BARRIER_SPIN_LIMIT)
-        options = dict(block_constants(qkv, o, self.rows, self.heads, self.kv_heads, self.head_dim,
-                                       layer.q_norm is not None, input=source, bump=bump is not None,
-                                       rope_shift=self.rope_shift, append=self.append,
-                                       ieee=keys.dtype == torch.float32 or interpreted()),
-                       WAITS=self.block_sets is not None, num_warps=qkv.warps)
-        if interpreted():
-            for phase in (1, 2, 3):
-                _attention_block[(programs,)](*arguments, PHASE=phase, PDL=False, **options)
-            return
-        runs, run_bytes, asked = self.block_ahead or (0, 0, 0)
-        _attention_block[(programs,)](*arguments, PHASE=0, Ahead=layer.gate_up.weight, ahead_runs=runs,
-                                      ahead_run_bytes=run_bytes, ahead_bytes=asked, AHEAD=asked > 0,
-                                      Times=BLOCK_TIMES, TIMED=BLOCK_TIMES is not None, **options, **self._launch(),
-                                      **held_to(BLOCK_REGISTERS))
-
-    def _wait_sets(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `index`'s block's counts and the next one's, which it sets to 0 (block_wait_sets; without waits, the
-        first set twice, unread)."""
-        sets = self.block_sets or [0]
-        return self.block_waits[sets[index % len(sets)]], self.block_waits[sets[(index + 1) % len(sets)]]
-
-    def _attention_then_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
-        if self.options.fold_attention:
-            self._attention(layer, kv, position)
-        else:
-            self._rope_append(layer, kv, position)
-            self._attend(kv, position)
-        self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
-
-    def _attention_o(self, layer: Layer, kv, position: torch.Tensor, bump) -> None:
-        """The attention folded into the O product (ATTENTION_IN_O_MAX_ROWS): one launch for both."""
-        keys, values, block = kv.keys, kv.values, attention_o_block(self.hidden, self.kv_heads)
-        norms = self._head_norms(layer, self.cos)
-        _attention_o[(triton.cdiv(self.hidden, block), self.kv_heads)](
-            self.qkv_parts, self.squares, position, self.cos, self.sin, *norms, keys, values, layer.o_groups,
-            self.residual, position if bump is None else bump, self.rows, layer.qkv.n, self.hidden, self.eps,
-            self.scale, *keys.stride()[:3], *values.stride()[:3], HEADS=self.heads, KV_HEADS=self.kv_heads,
-            GROUP_PAD=self.group_pad, D=self.head_dim, QKV_SPLITS=layer.qkv.splits, BLOCK_N=ATTN_BLOCK_N, BN=block,
-            QK_NORM=layer.q_norm is not None, ROPE_SHIFT=self.rope_shift, APPEND=self.append,
-            IEEE=keys.dtype == torch.float32 or interpreted(), BUMP=bump is not None, PREFETCH=not interpreted(),
-            **self._launch(), **attention_o_warps())
-
     def _product(self, product: Product, out: torch.Tensor, x: torch.Tensor, input=PLAIN, gain=None,
-                 output=PARTIALS, bump=None, attention=None) -> None:
-        """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight
-        (`attention`: launch_product's)."""
+                 output=PARTIALS, bump=None) -> None:
+        """One `_matvec` launch: x (or the embedding rows of the input ids, x the table) times product's weight."""
         launch_product(product, x, out, self.rows, residual=self.residual, ids=self.input_ids, gain=gain,
-                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, pdl=self.options.pdl,
-                       attention=attention)
+                       squares=self.squares, bump=bump, eps=self.eps, input=input, output=output, pdl=self.options.pdl)
 
     def _launch(self) -> dict:
         return pdl_launch(self.options.pdl)
@@ -2295,9 +1375,8 @@ class FusedDecoder:
         WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
         keys = self.cache.layers[0].keys
         kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
-        first, second = (layer.mlp.pair, layer.mlp.down) if layer.mlp else (layer.gate_up.weight, layer.down.weight)
+        first, second = layer.gate_up.weight, layer.down.weight
         if (not (self.options.weights_ahead and self.options.fold_attention) or interpreted()
-                or self.attention_in_o or self.attention_in_qkv or self.block  # (`_attention`, which asks, unlaunched)
                 or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
                 or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None
@@ -2307,17 +1386,7 @@ class FusedDecoder:
         return first, bytes1, second, bytes2, triton.cdiv(triton.cdiv(bytes1 + bytes2, programs), 16) * 16
 
     def attention_plan(self) -> str:
-        """Where the step computes each layer's attention, as the run's `fused_plan` tag ends."""
-        if self.block:
-            programs = block_programs(self.layers[0].qkv, self.layers[0].o, self.rows, self.kv_heads)
-            waits = ", each waiting for what it reads" if self.block_sets else ""
-            ahead = self.block_ahead and (f", gate/up's first {self.block_ahead[2] // 1024} KiB a program asked of "
-                                          "L2 by the others")
-            return f"attention: with QKV and O in one persistent kernel of {programs} programs{waits}{ahead or ''}"
-        if self.attention_in_qkv:
-            return "attention: in QKV's tail, by the program counted last for each KV head"
-        if self.attention_in_o:
-            return "attention: in every program of O"
+        """What each layer's attention asks of L2, as the run's `fused_plan` tag says."""
         ahead = self.weights_ahead(self.layers[0])
         return (f"attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked of L2" if ahead else
                 "attention: no weights asked of L2")

@@ -142,7 +142,7 @@ def _kept(path: Path) -> tuple[dict[str, PlanChoice], Tuning] | None:
     (then the step is timed again)."""
     try:
         kept = json.loads(path.read_text())
-        # the kinds the step launched as products (not gate/up and down where the MLP ran as one kernel)
+        # each kind of product the step launches (a kind it does not know: not a plan of this step's)
         choices = {kind: PlanChoice(**choice) for kind, choice in kept["choices"].items()}
         if not set(choices) <= set(PRODUCT_KINDS):
             return None
