@@ -335,17 +335,19 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VA
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
         "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS}
+# The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
+# and the commit that still holds each, where it runs as it ran
+TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")
 STEPS, ROUNDS = 127, 12
 DEFAULTS = {name: getattr(fused_decode, name) for name in (
-    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES",
-    "ATTENTION_PROGRAMS", "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER",
-    "PROGRAMS_PER_SM", "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS",
-    "FEWER_WARPS_FROM_HIDDEN", "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS",
-    "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START", "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW",
-    "TMA_KINDS", "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE",
-    "TMA_WIDE_PROGRAMS_PER_SM", "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
-    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT",
-    "QKV_ONE_AN_SM_MAX_ROWS")}
+    "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES", "ATTENTION_PROGRAMS",
+    "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
+    "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS", "FEWER_WARPS_FROM_HIDDEN",
+    "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS", "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START",
+    "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW", "TMA_KINDS",
+    "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE", "TMA_WIDE_PROGRAMS_PER_SM",
+    "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
+    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS")}
 
 
 def set_constants(constants: dict) -> None:
@@ -419,6 +421,10 @@ if __name__ == "__main__":
     if args[:1] == ["--set"]:
         if args[1:2] and args[1] in SETS:
             VARIANTS, args = SETS[args[1]], args[2:]
+        elif args[1:2] and args[1] in TAKEN_OUT:
+            sys.exit(f"--set {args[1]}: its design was taken out of the code; it runs at commit {TAKEN_OUT[args[1]]} "
+                     f"(git worktree add ../harness-{TAKEN_OUT[args[1]]} {TAKEN_OUT[args[1]]}); a set here is one of "
+                     f"{', '.join(SETS)}")
         else:
             sys.exit(f"--set {' '.join(args[1:2])}: a set is one of {', '.join(SETS)}")
     if args[:1] == ["--only"]:

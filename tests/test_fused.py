@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -682,8 +685,9 @@ for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, 
 def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_launch():
     """The interpreter checks the arithmetic on CUDA cores; Triton's compiler, run ahead of time for sm_90 (no GPU
     needed), checks that each kernel builds as the H200 runs it: bf16 tensor-core products, atomics, PDL's waits."""
-    assert compiled_for_the_gpu("import triton\n" + AOT_COMPILE, timeout=900).split() == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
-                                   + ["rope_append", "True"] + ["tma", "True"] * 3)
+    printed = compiled_for_the_gpu("import triton\n" + AOT_COMPILE, timeout=900).split()
+    assert printed == (["matvec", "True", "order", "True"] * 14 + ["reads", "True", "attention", "True"] * 7
+                       + ["rope_append", "True"] + ["tma", "True"] * 3)
 
 
 def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before_the_next(monkeypatch):
@@ -697,6 +701,16 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
         for label, _, constants in variants:
             assert set(constants) <= set(fused_prefetch.DEFAULTS), (name, label)
     assert {"study", "big_tma"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
+
+
+def test_a_set_whose_design_was_taken_out_says_so_in_one_line_and_names_the_commit_that_runs_it():
+    """benchmarks/fused_prefetch.py --set waits (a design taken out, docs/benchmarks.md "the designs taken out"): one
+    line naming the commit where it still runs, not a traceback, and no set of that name left here to run another step
+    under its label."""
+    done = subprocess.run([sys.executable, "benchmarks/fused_prefetch.py", "--set", "waits", "model=tiny"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert done.stderr.startswith("--set waits: its design was taken out of the code; it runs at commit f561a71")
 
 
 def test_a_variant_verified_runs_as_a_harness_job_with_its_own_constants_and_no_other_variants(monkeypatch):
