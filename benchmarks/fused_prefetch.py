@@ -422,9 +422,9 @@ if __name__ == "__main__":
         if args[1:2] and args[1] in SETS:
             VARIANTS, args = SETS[args[1]], args[2:]
         elif args[1:2] and args[1] in TAKEN_OUT:
-            sys.exit(f"--set {args[1]}: its design was taken out of the code; it runs at commit {TAKEN_OUT[args[1]]} "
-                     f"(git worktree add ../harness-{TAKEN_OUT[args[1]]} {TAKEN_OUT[args[1]]}); a set here is one of "
-                     f"{', '.join(SETS)}")
+            commit = TAKEN_OUT[args[1]]
+            sys.exit(f"--set {args[1]}: its design was taken out of the code; it runs at commit {commit} "
+                     f"(git worktree add ../harness-{commit} {commit}); a set here is one of {', '.join(SETS)}")
         else:
             sys.exit(f"--set {' '.join(args[1:2])}: a set is one of {', '.join(SETS)}")
     if args[:1] == ["--only"]:
