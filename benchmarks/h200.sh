@@ -38,13 +38,13 @@ if [ "${1:-}" = --detach ]; then
       { echo "h200.sh: the detached run ended before it was all done"; break; }
   done
   cat "$RUN/progress" 2>/dev/null; tail -20 "$RUN/run.log" 2>/dev/null
-  tar czf "$out/outputs.tgz" -C "$RUN" progress run.log $(cd "$RUN" && ls -d tree/outputs tree/mlruns tree/*.log 2>/dev/null)
+  tar czf "$out/outputs.tgz" -C "$RUN" progress run.log \
+    $(cd "$RUN" && ls -d tree/outputs tree/mlruns tree/*.log tree/machine.txt 2>/dev/null)
   exit 0
 fi
 in_run=false; [ "${1:-}" = --in-run ] && { in_run=true; out=.; shift; }
 note() { $in_run && echo "$(date -u +%T) $*" >> "$RUN/progress"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HARNESS_CACHE_DIR=${HARNESS_CACHE_DIR:-/tmp/harness-cache}
+OUT=$out; source benchmarks/device_steps.sh  # the wheelhouse installed, the machine written to $out/machine.txt
 for step in "$@"; do
   note "start $step"
   if [ "$step" = tests ]; then
