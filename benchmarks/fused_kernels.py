@@ -23,9 +23,9 @@ STEPS = 50
 
 
 def layer_kernels(decoder) -> tuple[str, ...]:
-    """A layer's kernels in launch order, as the decoder plans them: the attention folded into one (the default), or
-    as three."""
-    if decoder.options.fold_attention:
+    """A layer's kernels in launch order, as the decoder plans them: the attention folded into one, or as three
+    (fused.fold_attention=false, or past one chunk at bs=1 by fused_decode.attention_folded's rule)."""
+    if decoder.folded:
         attention = (QKV, ATTENTION, O)
     else:
         attention = (QKV, "rope + K/V append", "attention split-KV", "attention merge", O)

@@ -4,7 +4,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384
     python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
                                                                                 # holds a cache and packed weights)
-    python benchmarks/fused_prefetch.py --set attention model=...   # the attention folded or as three launches
+    python benchmarks/fused_prefetch.py --set attention model=...   # the attention's fold rule, folded, or three
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
@@ -34,7 +34,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                      # its constants set, then `python -m harness -m mode=fused model=...` in this process (its checks
                      # against fp32, its record in the store, its `fused_plan` tag naming what ran)
 Prints each variant's median ms/step over the rounds, its spread, and its ratio to the set's first (prefetch: the
-kernels as they were before the prefetch, four warps, none; attention: folded, the default) with a 95% interval
+kernels as they were before the prefetch, four warps, none; attention: the rule's, the default) with a 95% interval
 from a bootstrap over rounds that keeps each round's pair (harness ab's statistic, harness/measure/stats.py).
 """
 from __future__ import annotations
@@ -70,9 +70,12 @@ VARIANTS = [
     ("16 warps, no prefetch", ["fused.prefetch=false"], dict(tile_sizes=tiles(64, 128, 16))),
     ("16 warps, 8 MiB first + rolling", ["fused.prefetch=true"], dict(tile_sizes=tiles(64, 128, 16))),
 ]
-# `--set attention`: the attention folded into one kernel a layer (the default) against three launches
+# `--set attention`: the attention as the rule plans it (the default: folded into one kernel a layer, but three
+# launches at bs=1 past one chunk where it would ask L2 for under a quarter of the MLP's weights;
+# fused_decode.attention_folded) against folded at any prefix and three launches at any prefix
 ATTENTION_VARIANTS = [
-    ("attention folded: one kernel a layer (the default)", [], {}),
+    ("attention as the rule plans it (the default)", [], {}),
+    ("attention folded: one kernel a layer at any prefix", [], dict(FOLD_MIN_AHEAD_SHARE=0)),
     ("attention unfolded: RoPE + append, split-KV, merge", ["fused.fold_attention=false"], {}),
 ]
 # `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks
@@ -347,7 +350,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW", "TMA_KINDS",
     "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE", "TMA_WIDE_PROGRAMS_PER_SM",
     "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
-    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS")}
+    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE")}
 
 
 def set_constants(constants: dict) -> None:

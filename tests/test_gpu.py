@@ -228,6 +228,16 @@ def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_
     assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2; mlp: gate/up, then down")
 
 
+def test_a_bs1_fused_run_whose_kv_pass_the_weights_budget_attends_in_three_launches_and_is_verified():
+    """attention_folded's rule on the GPU: Qwen3-0.6B at bs=1, context 2048 (9 MB of K/V a layer, past
+    fused.weights_ahead's budget), runs the attention as three launches a layer and within fp32 fidelity."""
+    result = measure(run_config("model=qwen3-0.6b", "bs=1", "context_len=2048", "cache_len=2304", "decode_tokens=32",
+                                "mode=fused", "repeats=1"))
+    assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+    assert result.metrics["kernel_launches_per_step"] == 7 * 28 + 1
+    assert "; attention: three launches (bs=1 past one chunk a KV head" in result.mode_tags["fused_plan"]
+
+
 @pytest.mark.parametrize("bs", [1, 8])
 def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatch):
     """fused.tma on the H200: the tile products' weights copied into shared memory by the tensor memory accelerator

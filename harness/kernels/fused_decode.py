@@ -9,8 +9,9 @@ Per layer, in launch order:
 2. `_attention`, one program per (row, KV head, chunk of the valid prefix): sums those, applies 1/rms, Qwen3's q/k
    RMSNorm and RoPE at the cache position to its group's queries; the chunk that holds the position appends the new
    K and V to the cache; attention over the chunk (attn=triton-decode's split-KV loop, harness/kernels/
-   triton_decode.py); the last chunk of a KV head to finish merges them all. (`fused.fold_attention=false`: the
-   three launches it replaces, `_rope_append`, attn=triton-decode's `_split_kv` and its `_merge`.)
+   triton_decode.py); the last chunk of a KV head to finish merges them all. (`fused.fold_attention=false`, and at
+   bs=1 past one chunk where attention_folded's rule says: the three launches it replaces, `_rope_append`,
+   attn=triton-decode's `_split_kv` and its `_merge`.)
 3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
@@ -173,6 +174,16 @@ SLICE_MAX_HIDDEN = 2048
 # (0.7 MB) Qwen3-0.6B's step took 1.8% longer, Llama-3.2-1B's 0.3% (bs=1; at bs=8, 5.6 MB, -0.4% and +0.1%)
 WEIGHTS_AHEAD_BYTES = 6 << 20
 WEIGHTS_AHEAD_FROM_KV_BYTES = 1 << 20
+# At bs=1 past one chunk a KV head (ONE_CHUNK_MAX_SLOTS) the folded attention gives back its three launches, except
+# where it asks L2 for at least this share of the layer's MLP weights (fused.weights_ahead's budget and K/V window, as
+# a GPU's plan would, whether or not the switch is on): past one chunk the fold pays only as that request's host. Paired
+# on two H100s, 2026-12-06 (docs/benchmarks.md, "where the folded attention stops paying"), the three launches against
+# the fold took 5.6% and 7.4% off Qwen3-0.6B's step at contexts 2048 and 4096 (K/V past the budget) and 3.3% / 1.2% /
+# 5.4% off Llama-3.2-1B's at 512 / 1024 / 2048 (6 MiB is 6% of its MLP), where the fold took 4.5% off Qwen3-0.6B's at
+# 1024 (a third of its MLP asked ahead) and 1.9-2.2% off Llama-3.2-1B's at the study's workload (one chunk). Left
+# folded by the rule though slower: Qwen3-0.6B at context 512 (2.1%). More rows keep the fold (9% faster for
+# Qwen3-0.6B at bs=8 context 16384 on an H200)
+FOLD_MIN_AHEAD_SHARE = 0.25
 SLICE_MAX_ROWS = 1
 SLICE_COLUMNS = 2048
 SLICE_VALUES_A_THREAD = 64
@@ -949,6 +960,24 @@ def attention_chunks(rows: int, kv_heads: int, longest_prefix: int) -> int:
     return splits_for(rows, kv_heads, longest_prefix, ATTENTION_PROGRAMS)
 
 
+def kv_within_ahead_window(kv_bytes: int) -> bool:
+    """Whether the attention's K/V at the longest prefix leave room for fused.weights_ahead's requests: at least
+    WEIGHTS_AHEAD_FROM_KV_BYTES (a chain long enough to hide them), at most WEIGHTS_AHEAD_BYTES."""
+    return WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
+
+
+def attention_folded(options: FusedOptions, rows: int, longest_prefix: int, kv_bytes: int, mlp_bytes: int) -> bool:
+    """Whether a layer's attention is one kernel (folded) or three launches: as fused.fold_attention says, except at
+    bs=1 past one chunk a KV head, where it folds only if the weights it would ask L2 for ahead of the MLP (K/V of
+    `kv_bytes` a layer, MLP weights of `mlp_bytes`) are at least FOLD_MIN_AHEAD_SHARE of them."""
+    if not options.fold_attention:
+        return False
+    if rows > 1 or longest_prefix <= ONE_CHUNK_MAX_SLOTS:
+        return True
+    asked = min(mlp_bytes, WEIGHTS_AHEAD_BYTES) if kv_within_ahead_window(kv_bytes) else 0
+    return asked >= FOLD_MIN_AHEAD_SHARE * mlp_bytes
+
+
 def group_pad(heads: int, kv_heads: int) -> int:
     """The query tile's rows for a KV head's group of heads: the MMA's least (16), or the group to a power of two."""
     return max(16, triton.next_power_of_2(heads // kv_heads))
@@ -1241,6 +1270,9 @@ class FusedDecoder:
             self.cos, self.sin = rotary_tables(model, cache.layers[0].max_cache_len, cache.layers[0].keys.device)
         capacity = cache.layers[0].max_cache_len
         self.longest_prefix = min(longest_prefix or capacity, capacity)
+        mlp_bytes = sum(w.numel() * w.element_size() for w in (self.layers[0].gate_up.weight,
+                                                               self.layers[0].down.weight))
+        self.folded = attention_folded(options, rows, self.longest_prefix, self._kv_bytes(), mlp_bytes)
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
 
@@ -1303,8 +1335,13 @@ class FusedDecoder:
             return attention_chunks(self.rows, self.kv_heads, self.longest_prefix)
         return splits_for(self.rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
 
+    def _kv_bytes(self) -> int:
+        """Bytes of K and V a layer's attention reads at the longest prefix."""
+        keys = self.cache.layers[0].keys
+        return 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
+
     def kernels_per_step(self) -> int:
-        return (5 if self.options.fold_attention else 7) * len(self.layers) + 1
+        return (5 if self.folded else 7) * len(self.layers) + 1
 
     def step(self) -> torch.Tensor:
         position = self.cache.layers[0].cumulative_length
@@ -1313,7 +1350,7 @@ class FusedDecoder:
             x, source = (self.embedding, EMBEDDING) if index == 0 else (self.residual, PLAIN)
             bump = kv.cumulative_length if index else None  # layer 0's, which every kernel reads, goes last (lm_head)
             self._product(layer.qkv, self.qkv_parts, x, input=source, gain=layer.attn_norm)
-            if self.options.fold_attention:
+            if self.folded:
                 self._attention(layer, kv, position)
             else:
                 self._rope_append(layer, kv, position)
@@ -1370,15 +1407,12 @@ class FusedDecoder:
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
         the bytes of them, down's and theirs, and the bytes a program asks for; None where it does not apply: off, the
-        attention not folded (its three launches ask for none), a CPU (the bulk prefetch is inline PTX), or more K/V
-        to read at the longest prefix than the budget (the attention then keeps HBM busy itself), or less than
-        WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
-        keys = self.cache.layers[0].keys
-        kv_bytes = 2 * self.rows * self.kv_heads * self.longest_prefix * self.head_dim * keys.element_size()
+        attention not folded (its three launches ask for none; attention_folded), a CPU (the bulk prefetch is inline
+        PTX), or more K/V to read at the longest prefix than the budget (the attention then keeps HBM busy itself),
+        or less than WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
         first, second = layer.gate_up.weight, layer.down.weight
-        if (not (self.options.weights_ahead and self.options.fold_attention) or interpreted()
-                or not WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
-                or first.data_ptr() % 16 or second.data_ptr() % 16):
+        if (not (self.options.weights_ahead and self.folded) or interpreted()
+                or not kv_within_ahead_window(self._kv_bytes()) or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None
         bytes1 = min(first.numel() * first.element_size(), WEIGHTS_AHEAD_BYTES) // 16 * 16  # the bulk prefetch's unit
         bytes2 = min(second.numel() * second.element_size(), WEIGHTS_AHEAD_BYTES - bytes1) // 16 * 16
@@ -1386,7 +1420,12 @@ class FusedDecoder:
         return first, bytes1, second, bytes2, triton.cdiv(triton.cdiv(bytes1 + bytes2, programs), 16) * 16
 
     def attention_plan(self) -> str:
-        """What each layer's attention asks of L2, as the run's `fused_plan` tag says."""
+        """The layer's attention as the run's `fused_plan` tag says: folded, with what it asks of L2, or three
+        launches, and why."""
+        if not self.folded:
+            why = "fused.fold_attention=false" if not self.options.fold_attention else (
+                f"bs=1 past one chunk a KV head, under {FOLD_MIN_AHEAD_SHARE:.0%} of the MLP's weights asked ahead")
+            return f"attention: three launches ({why})"
         ahead = self.weights_ahead(self.layers[0])
         return (f"attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked of L2" if ahead else
                 "attention: no weights asked of L2")
