@@ -71,7 +71,7 @@ VARIANTS = [
     ("16 warps, 8 MiB first + rolling", ["fused.prefetch=true"], dict(tile_sizes=tiles(64, 128, 16))),
 ]
 # `--set attention`: the attention as the rule plans it (the default: folded into one kernel a layer, but three
-# launches at bs=1 past one chunk where it would ask L2 for under a quarter of the MLP's weights;
+# launches at bs=1 past one chunk where it would ask L2 for under 7% of the MLP's weights;
 # fused_decode.attention_folded) against folded at any prefix and three launches at any prefix
 ATTENTION_VARIANTS = [
     ("attention as the rule plans it (the default)", [], {}),
