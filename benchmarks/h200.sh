@@ -20,7 +20,7 @@
 #     sed -i '/^mlflow\/server\/js\/build\//d' mlflow-*.dist-info/RECORD && rm "$OLDPWD"/.whl/mlflow-3*.whl &&
 #     zip -qr "$OLDPWD"/.whl/mlflow-3.17.2-py3-none-any.whl .)
 # On 2026-12-06 the tree was 32 MiB and that was still too much: the server's own wheels, which no run imports (a
-# sweep logged to MLflow and the GPU tests ran without them), came out too, for 26.6 MiB:
+# sweep logged to MLflow and a GPU test ran without them), came out too, for 26.6 MiB:
 #   rm .whl/{docker,gunicorn,huey,skops,graphql_core,graphene}-*.whl
 # A shell is needed only for the wheelhouse; each sweep is `python -m harness -m +experiment=PRESET`.
 set -u
