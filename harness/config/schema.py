@@ -101,9 +101,9 @@ class FusedConfig:
     # a Hopper GPU): off, since on eight warps it bought nothing (docs/benchmarks.md)
     prefetch: bool = False
     # RoPE, the K/V append and the merge of attention's chunks inside the attention kernel (one launch a layer
-    # instead of three): paired on one H200, 9% faster for Qwen3-0.6B at bs=8 context 16384 and 1% for
-    # Llama-3.2-1B at bs=1, but 7% slower for Qwen3-0.6B at bs=1 context 1024, all with the merge then fixed at 16
-    # chunks a load (sized by the context since, which took 5.6% off that last case; not re-paired; docs/benchmarks.md)
+    # instead of three): 9% faster for Qwen3-0.6B at bs=8 context 16384 (one H200). On, at bs=1 past one chunk a KV
+    # head it folds only where it asks L2 for 7% of the MLP's weights ahead, and runs three launches elsewhere there
+    # (harness/kernels/fused_decode.py, attention_folded: paired on H100s, 2026-12-06); off: three launches everywhere
     fold_attention: bool = True
     # each kind of product's plan (K splits, packing, warps, L2 prefetch) chosen at prepare by timing the captured
     # step against the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan, so that an
@@ -113,7 +113,7 @@ class FusedConfig:
     # weight times a split of K in one go before its PDL wait and sums them on CUDA cores (harness/kernels/
     # fused_decode.py, slice_layout); off: 64 x 128 tiles on tensor cores in a loop, as at larger batches
     slices: bool = True
-    # where the attention reads 1-6 MiB of K/V, it asks L2 for the first 6 MiB of the layer's gate/up and down
+    # where the folded attention reads 1-6 MiB of K/V, it asks L2 for the first 6 MiB of the layer's gate/up and down
     # weights once its chunks' K/V are read, while HBM would idle (harness/kernels/fused_decode.py,
     # WEIGHTS_AHEAD_BYTES; a Hopper GPU): 2% off Qwen3-0.6B's step at bs=1 context 1024, paired on one H200
     weights_ahead: bool = True
