@@ -7,9 +7,8 @@
 #   left: seconds left of BUDGET, counted from the source;
 #   step NAME NEED CMD...: CMD with its output appended to $OUT/NAME.txt, cut off 5 s before the budget ends, and
 #     skipped (returning 1) when fewer than NEED seconds are left, so that a call packs what it has before its limit.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  2>/dev/null ||
-  { echo "device_steps.sh: the wheelhouse in .whl/ did not install"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+  { echo "device_steps.sh: the wheelhouse in .whl/ did not install (pip's reason above)"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HARNESS_CACHE_DIR=${HARNESS_CACHE_DIR:-/tmp/harness-cache}
 OUT=${OUT:-.}
 device_start_s=$(date +%s)
