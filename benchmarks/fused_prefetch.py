@@ -5,6 +5,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --only 0,2,5 model=qwen3-0.6b bs=8 context_len=16384   # some variants (each
                                                                                 # holds a cache and packed weights)
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention's fold rule, folded, or three
+                                                                    # launches (asking L2 for the MLP's weights)
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
@@ -72,11 +73,15 @@ VARIANTS = [
 ]
 # `--set attention`: the attention as the rule plans it (the default: folded into one kernel a layer, but three
 # launches at bs=1 past one chunk where it would ask L2 for under 7% of the MLP's weights;
-# fused_decode.attention_folded) against folded at any prefix and three launches at any prefix
+# fused_decode.attention_folded) against folded at any prefix and three launches at any prefix, which ask L2 for
+# none of the MLP's weights, or for them (fused.weights_ahead's budget and window) from the split-KV or the merge
 ATTENTION_VARIANTS = [
     ("attention as the rule plans it (the default)", [], {}),
     ("attention folded: one kernel a layer at any prefix", [], dict(FOLD_MIN_AHEAD_SHARE=0)),
     ("attention unfolded: RoPE + append, split-KV, merge", ["fused.fold_attention=false"], {}),
+    ("unfolded, the MLP's weights asked by the split-KV", ["fused.fold_attention=false"],
+     dict(UNFOLDED_AHEAD_IN="split")),
+    ("unfolded, the MLP's weights asked by the merge", ["fused.fold_attention=false"], dict(UNFOLDED_AHEAD_IN="merge")),
 ]
 # `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks
 # at the longest prefix the run decodes to, fused_decode.merge_block)
@@ -350,7 +355,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW", "TMA_KINDS",
     "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE", "TMA_WIDE_PROGRAMS_PER_SM",
     "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
-    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE")}
+    "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
+    "UNFOLDED_AHEAD_IN")}
 
 
 def set_constants(constants: dict) -> None:

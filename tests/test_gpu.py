@@ -228,14 +228,19 @@ def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_
     assert short.mode_tags["fused_plan"].endswith("; attention: no weights asked of L2; mlp: gate/up, then down")
 
 
-def test_a_bs1_fused_run_whose_kv_pass_the_weights_budget_attends_in_three_launches_and_is_verified():
+@pytest.mark.parametrize("context, asked", [(2048, ""), (512, "; 6.0 MiB of the MLP's weights asked of L2 by its merge")])
+def test_a_bs1_fused_run_past_one_chunk_with_little_kv_or_too_much_attends_in_three_launches_and_is_verified(context,
+                                                                                                          asked):
     """attention_folded's rule on the GPU: Qwen3-0.6B at bs=1, context 2048 (9 MB of K/V a layer, past
-    fused.weights_ahead's budget), runs the attention as three launches a layer and within fp32 fidelity."""
-    result = measure(run_config("model=qwen3-0.6b", "bs=1", "context_len=2048", "cache_len=2304", "decode_tokens=32",
-                                "mode=fused", "repeats=1"))
+    fused.weights_ahead's budget) or 512 (2.7 MB, under FOLD_MIN_KV_BYTES), runs the attention as three launches a
+    layer, the merge asking L2 for the MLP's weights where the K/V leave room, and within fp32 fidelity."""
+    result = measure(run_config("model=qwen3-0.6b", "bs=1", f"context_len={context}", f"cache_len={context + 256}",
+                                "decode_tokens=32", "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     assert result.metrics["kernel_launches_per_step"] == 7 * 28 + 1
-    assert "; attention: three launches (bs=1 past one chunk a KV head" in result.mode_tags["fused_plan"]
+    plan = result.mode_tags["fused_plan"]
+    assert "; attention: three launches (bs=1 past one chunk a KV head" in plan
+    assert f"weights asked ahead{asked}); mlp:" in plan, plan
 
 
 @pytest.mark.parametrize("bs", [1, 8])

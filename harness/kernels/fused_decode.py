@@ -43,9 +43,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, _merge, _split_kv, chunk_of, chunk_softmax,
-                                           TARGET_PROGRAMS, empty_softmax, kv_block, merge_head, softmax_block,
-                                           softmax_over, splits_for)
+from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, chunk_of, chunk_softmax, TARGET_PROGRAMS,
+                                           empty_softmax, kv_block, merge_head, softmax_block, softmax_over,
+                                           split_kv_chunk, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -175,17 +175,31 @@ SLICE_MAX_HIDDEN = 2048
 WEIGHTS_AHEAD_BYTES = 6 << 20
 WEIGHTS_AHEAD_FROM_KV_BYTES = 1 << 20
 # At bs=1 past one chunk a KV head (ONE_CHUNK_MAX_SLOTS) the folded attention gives back its three launches, except
-# where it asks L2 for at least this share of the layer's MLP weights (fused.weights_ahead's budget and K/V window, as
-# a GPU's plan would, whether or not the switch is on): past one chunk the fold pays only as that request's host.
+# where it reads at least FOLD_MIN_KV_BYTES of K/V a layer and asks L2 for at least FOLD_MIN_AHEAD_SHARE of the layer's
+# MLP weights (fused.weights_ahead's budget and K/V window, as a GPU's plan would, whether or not the switch is on):
+# past one chunk the fold pays only as the host of that request over a chain long enough to hide it. The three
+# launches' merge asks L2 for the same weights (UNFOLDED_AHEAD_IN) where the window allows.
 # Paired on three H100s, 2026-12-06 (docs/benchmarks.md, "where the folded attention stops paying"), three launches
-# took 0.944 and 0.927 times the folded step for Qwen3-0.6B at contexts 2048 and 4096 (K/V past the budget), 0.967 /
-# 0.988 / 0.946 for Llama-3.2-1B at 512 / 1024 / 2048 (6 MiB is 6.2% of its MLP) and 0.988 for Qwen3-8B at 1024
-# (2.1%), but 1.045 for Qwen3-0.6B at 1024 (4.8 MB of K/V, 33% of its MLP asked ahead), 1.018 for Qwen3-1.7B at 1024
-# (8.3%) and 1.019-1.022 for Llama-3.2-1B at context 32 (one chunk). The share sits between Llama-3.2-1B's and
-# Qwen3-1.7B's, two models that differ in more than it (head size, heads a group). Left folded by the rule though
-# slower: Qwen3-0.6B at context 512 (0.979). More rows keep the fold (9% faster for Qwen3-0.6B at bs=8 context 16384
-# on an H200)
+# asking for nothing took 0.944 and 0.927 times the folded step for Qwen3-0.6B at contexts 2048 and 4096 (K/V past
+# the budget), 0.967 / 0.988 / 0.946 for Llama-3.2-1B at 512 / 1024 / 2048 (6 MiB is 6.2% of its MLP) and 0.988 for
+# Qwen3-8B at 1024 (2.1%), but 1.045 for Qwen3-0.6B at 1024 (4.8 MB of K/V, 33% of its MLP asked ahead), 1.018 for
+# Qwen3-1.7B at 1024 (8.3%) and 1.019-1.022 for Llama-3.2-1B at context 32 (one chunk). The share sits between
+# Llama-3.2-1B's and Qwen3-1.7B's, two models that differ in more than it (head size, heads a group). With the merge
+# asking ahead, on two more H100s (GPU-e7a93e1c, GPU-330a99cd), three launches took 0.955 times the folded step for
+# Qwen3-0.6B at context 512 (2.7 MB of K/V, a third of its MLP asked: the fold's one miss before), 0.958 at 768
+# (3.7 MB), 0.979 for Llama-3.2-1B at 1024 (2.4 MB), 0.978 for Qwen3-4B at 1024 (4.2%) and 1.000 for Qwen3-1.7B at
+# 512, but 1.014 for Qwen3-0.6B at 1024 and 1.007 for Qwen3-1.7B at 1024 (4.8 MB): FOLD_MIN_KV_BYTES sits between
+# 3.7 and 4.8 MB, a fit to these pairs (past 1024 slots the chunks a KV head double, 16 to 32, which may be what the
+# fold gains from), not a law. More rows keep the fold (9% faster for Qwen3-0.6B at bs=8 context 16384 on an H200)
 FOLD_MIN_AHEAD_SHARE = 0.07
+FOLD_MIN_KV_BYTES = 4 << 20
+# Where the attention's three launches ask L2 for the MLP's weights (fused.weights_ahead, in the same budget and K/V
+# window as the folded attention): "merge", each merge program right after its PDL wait, when no chunk's K/V is still
+# being read; "split", each split-KV program once its chunk is read; "" none. Paired on an H100 (GPU-e7a93e1c) against
+# three launches that ask for none, the merge's requests took 0.973 times the step for Qwen3-0.6B at context 512,
+# 0.992 for Llama-3.2-1B at 1024 and 0.972 / 0.987 for Qwen3-0.6B / Qwen3-1.7B at 1024, and the split-KV's 0.998 /
+# 0.999 / 0.995 / 0.995 (Llama-3.2-1B at 512: 0.998 the merge's, 0.995 the split-KV's)
+UNFOLDED_AHEAD_IN = "merge"
 SLICE_MAX_ROWS = 1
 SLICE_COLUMNS = 2048
 SLICE_VALUES_A_THREAD = 64
@@ -841,6 +855,35 @@ def _merge_group(Acc, M, L, out_at, row, kv_head, chunks, HEADS: tl.constexpr, K
     tl.store(out_at, outs.to(out_at.dtype.element_ty), mask=(g < HEADS // KV_HEADS)[:, None])
 
 
+@triton.jit
+def _split_kv_ahead(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
+                    Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, GROUP: tl.constexpr,
+                    GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                    IEEE: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
+    """attn=triton-decode's split-KV program, then (AHEAD) its share of the MLP's weights asked of L2."""
+    _pdl_start(PDL)  # as attn=triton-decode's `_split_kv`: the merge let launch before this program's wait
+    _pdl_wait(PDL)
+    split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot, GROUP,
+                   GROUP_PAD, D, BLOCK_N, SPLITS, IEEE)
+    if AHEAD:
+        program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * SPLITS + tl.program_id(2)
+        _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, program)
+
+
+@triton.jit
+def _merge_ahead(Acc, M, L, Out, o_row, o_head, Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share,
+                 HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
+    """attn=triton-decode's merge of one (row, head), (AHEAD) its share of the MLP's weights asked of L2 first: the
+    split-KV kernel's reads are over at its wait, and the merge's own are a few partials."""
+    row, head = tl.program_id(0), tl.program_id(1)
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
+    if AHEAD:
+        _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, row * HEADS + head)
+    out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, SPLITS, D, SPLITS, "")
+    tl.store(Out + row * o_row + head * o_head + tl.arange(0, D), out.to(Out.dtype.element_ty))
+
+
 @dataclass(frozen=True)
 class Product:
     """One matrix-vector product's launch plan and its weights as the kernel reads them."""
@@ -970,14 +1013,15 @@ def kv_within_ahead_window(kv_bytes: int) -> bool:
 
 def attention_folded(options: FusedOptions, rows: int, longest_prefix: int, kv_bytes: int, mlp_bytes: int) -> bool:
     """Whether a layer's attention is one kernel (folded) or three launches: as fused.fold_attention says, except at
-    bs=1 past one chunk a KV head, where it folds only if the weights it would ask L2 for ahead of the MLP (K/V of
-    `kv_bytes` a layer, MLP weights of `mlp_bytes`) are at least FOLD_MIN_AHEAD_SHARE of them."""
+    bs=1 past one chunk a KV head, where it folds only if it reads at least FOLD_MIN_KV_BYTES of K/V (`kv_bytes` a
+    layer) and the weights it would ask L2 for ahead of the MLP (of `mlp_bytes`) are at least FOLD_MIN_AHEAD_SHARE of
+    them."""
     if not options.fold_attention:
         return False
     if rows > 1 or longest_prefix <= ONE_CHUNK_MAX_SLOTS:
         return True
     asked = min(mlp_bytes, WEIGHTS_AHEAD_BYTES) if kv_within_ahead_window(kv_bytes) else 0
-    return asked >= FOLD_MIN_AHEAD_SHARE * mlp_bytes
+    return kv_bytes >= FOLD_MIN_KV_BYTES and asked >= FOLD_MIN_AHEAD_SHARE * mlp_bytes
 
 
 def group_pad(heads: int, kv_heads: int) -> int:
@@ -1356,7 +1400,7 @@ class FusedDecoder:
                 self._attention(layer, kv, position)
             else:
                 self._rope_append(layer, kv, position)
-                self._attend(kv, position)
+                self._attend(layer, kv, position)
             self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
             self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
             self._product(layer.down, self.residual, self.act, output=ADD)
@@ -1409,46 +1453,52 @@ class FusedDecoder:
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
         the bytes of them, down's and theirs, and the bytes a program asks for; None where it does not apply: off, the
-        attention not folded (its three launches ask for none; attention_folded), a CPU (the bulk prefetch is inline
-        PTX), or more K/V to read at the longest prefix than the budget (the attention then keeps HBM busy itself),
-        or less than WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
+        attention not folded and its three launches asking for none (UNFOLDED_AHEAD_IN), a CPU (the bulk prefetch is
+        inline PTX), or more K/V to read at the longest prefix than the budget (the attention then keeps HBM busy
+        itself), or less than WEIGHTS_AHEAD_FROM_KV_BYTES (too short a chain to hide the requests)."""
         first, second = layer.gate_up.weight, layer.down.weight
-        if (not (self.options.weights_ahead and self.folded) or interpreted()
+        if (not (self.options.weights_ahead and (self.folded or UNFOLDED_AHEAD_IN)) or interpreted()
                 or not kv_within_ahead_window(self._kv_bytes()) or first.data_ptr() % 16 or second.data_ptr() % 16):
             return None
         bytes1 = min(first.numel() * first.element_size(), WEIGHTS_AHEAD_BYTES) // 16 * 16  # the bulk prefetch's unit
         bytes2 = min(second.numel() * second.element_size(), WEIGHTS_AHEAD_BYTES - bytes1) // 16 * 16
-        programs = self.rows * self.kv_heads * self.attn_acc.shape[2]
+        programs = self.rows * (self.heads if not self.folded and UNFOLDED_AHEAD_IN == "merge" else
+                                self.kv_heads * self.attn_acc.shape[2])
         return first, bytes1, second, bytes2, triton.cdiv(triton.cdiv(bytes1 + bytes2, programs), 16) * 16
 
     def attention_plan(self) -> str:
-        """The layer's attention as the run's `fused_plan` tag says: folded, with what it asks of L2, or three
-        launches, and why."""
+        """The layer's attention as the run's `fused_plan` tag says: folded or three launches (and why), and what it
+        asks of L2."""
+        ahead = self.weights_ahead(self.layers[0])
+        asked = f"{(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked of L2" if ahead else ""
         if not self.folded:
             why = "fused.fold_attention=false" if not self.options.fold_attention else (
-                f"bs=1 past one chunk a KV head, under {FOLD_MIN_AHEAD_SHARE:.0%} of the MLP's weights asked ahead")
-            return f"attention: three launches ({why})"
-        ahead = self.weights_ahead(self.layers[0])
-        return (f"attention: {(ahead[1] + ahead[3]) / 2**20:.1f} MiB of the MLP's weights asked of L2" if ahead else
-                "attention: no weights asked of L2")
+                f"bs=1 past one chunk a KV head, under {FOLD_MIN_KV_BYTES / 2**20:.1f} MiB of K/V or "
+                f"{FOLD_MIN_AHEAD_SHARE:.0%} of the MLP's weights asked ahead")
+            return f"attention: three launches ({why}{f'; {asked} by its {UNFOLDED_AHEAD_IN}' if ahead else ''})"
+        return f"attention: {asked}" if ahead else "attention: no weights asked of L2"
 
     def _kv_prefetch(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
         """KV_PREFETCH where it applies: a GPU (the bulk prefetch is inline PTX) and each KV head's slots contiguous."""
         return KV_PREFETCH and not interpreted() and all(
             t.stride(3) == 1 and t.stride(2) == self.head_dim for t in (keys, values))
 
-    def _attend(self, kv, position: torch.Tensor) -> None:
-        """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position]."""
+    def _attend(self, layer: Layer, kv, position: torch.Tensor) -> None:
+        """attn=triton-decode's split-KV kernel and merge over the valid prefix [0, position], one of them asking L2
+        for the MLP's weights where UNFOLDED_AHEAD_IN says (weights_ahead)."""
         keys, values, q, group = kv.keys, kv.values, self.q, self.heads // self.kv_heads
-        splits = self.attn_acc.shape[2]
-        _split_kv[(self.rows, self.kv_heads, splits)](
+        splits, ahead, none = self.attn_acc.shape[2], self.weights_ahead(layer), (keys, 0, keys, 0, 0)
+        in_split, in_merge = (ahead is not None and UNFOLDED_AHEAD_IN == at for at in ("split", "merge"))
+        _split_kv_ahead[(self.rows, self.kv_heads, splits)](
             q, keys, values, position, self.attn_acc, self.attn_max, self.attn_sum, self.scale, q.stride(0),
             q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1),
-            values.stride(2), GROUP=group, GROUP_PAD=self.group_pad, D=self.head_dim, BLOCK_N=ATTN_BLOCK_N,
-            SPLITS=splits, IEEE=q.dtype == torch.float32 or interpreted(), **self._launch())
-        _merge[(self.rows, self.heads)](self.attn_acc, self.attn_max, self.attn_sum, self.attn_out,
-                                        self.attn_out.stride(0), self.head_dim, HEADS=self.heads, D=self.head_dim,
-                                        SPLITS=splits, **self._launch())
+            values.stride(2), *(ahead if in_split else none), GROUP=group, GROUP_PAD=self.group_pad, D=self.head_dim,
+            BLOCK_N=ATTN_BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32 or interpreted(), AHEAD=in_split,
+            **self._launch())
+        _merge_ahead[(self.rows, self.heads)](
+            self.attn_acc, self.attn_max, self.attn_sum, self.attn_out, self.attn_out.stride(0), self.head_dim,
+            *(ahead if in_merge else none), HEADS=self.heads, D=self.head_dim, SPLITS=splits, AHEAD=in_merge,
+            **self._launch())
 
 
 def rotary_tables(model, positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,10 +90,20 @@ def softmax_block(q, k, v, inside, scale, m_i, l_i, acc, IEEE: tl.constexpr):
 def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
               GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
               SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
-    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PDL:  # mode=fused launches it with programmatic dependent launch: wait for the kernel before it
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot, GROUP,
+                   GROUP_PAD, D, BLOCK_N, SPLITS, IEEE)
+
+
+@triton.jit
+def split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    """The program's (row, KV head, chunk): its group's queries over the chunk of the valid prefix [0, Pos], the
+    partial softmax stored for the merge."""
+    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end, _ = chunk_of(tl.load(Pos).to(tl.int32) + 1, split, SPLITS, BLOCK_N)
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
     heads = kv_head * GROUP + g
