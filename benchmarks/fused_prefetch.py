@@ -72,16 +72,17 @@ VARIANTS = [
     ("16 warps, 8 MiB first + rolling", ["fused.prefetch=true"], dict(tile_sizes=tiles(64, 128, 16))),
 ]
 # `--set attention`: the attention as the rule plans it (the default: folded into one kernel a layer, but three
-# launches at bs=1 past one chunk where it would ask L2 for under 7% of the MLP's weights;
-# fused_decode.attention_folded) against folded at any prefix and three launches at any prefix, which ask L2 for
-# none of the MLP's weights, or for them (fused.weights_ahead's budget and window) from the split-KV or the merge
+# launches at bs=1 past one chunk where it would read under 4 MiB of K/V a layer or ask L2 for under 7% of the MLP's
+# weights; fused_decode.attention_folded) against folded at any prefix and three launches at any prefix, which ask L2
+# for the MLP's weights (fused.weights_ahead's budget and window) from the merge (the default), from the split-KV, or
+# not at all
 ATTENTION_VARIANTS = [
     ("attention as the rule plans it (the default)", [], {}),
-    ("attention folded: one kernel a layer at any prefix", [], dict(FOLD_MIN_AHEAD_SHARE=0)),
-    ("attention unfolded: RoPE + append, split-KV, merge", ["fused.fold_attention=false"], {}),
+    ("attention folded: one kernel a layer at any prefix", [], dict(FOLD_MIN_AHEAD_SHARE=0, FOLD_MIN_KV_BYTES=0)),
+    ("attention unfolded, the MLP's weights asked by the merge", ["fused.fold_attention=false"], {}),
     ("unfolded, the MLP's weights asked by the split-KV", ["fused.fold_attention=false"],
      dict(UNFOLDED_AHEAD_IN="split")),
-    ("unfolded, the MLP's weights asked by the merge", ["fused.fold_attention=false"], dict(UNFOLDED_AHEAD_IN="merge")),
+    ("unfolded, none of the MLP's weights asked", ["fused.fold_attention=false"], dict(UNFOLDED_AHEAD_IN="")),
 ]
 # `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks
 # at the longest prefix the run decodes to, fused_decode.merge_block)
@@ -356,7 +357,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE", "TMA_WIDE_PROGRAMS_PER_SM",
     "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
-    "UNFOLDED_AHEAD_IN")}
+    "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN")}
 
 
 def set_constants(constants: dict) -> None:

@@ -287,7 +287,8 @@ def test_the_attention_takes_its_three_launches_back_at_bs1_past_one_chunk_unles
     assert not _folded_at("qwen3-8b", 1, 1024)  # 2.1%: 1.2% faster as three launches
     assert not _folded_at("qwen3-0.6b", 1, 512)  # 2.7 MB of K/V: three launches whose merge asks, 4.5% faster
     assert not _folded_at("qwen3-0.6b", 1, 768)  # 3.7 MB: 4.2% faster
-    assert not _folded_at("qwen3-1.7b", 1, 512) and not _folded_at("qwen3-4b", 1, 1024)  # 0.1%; 4.2% asked: 2.2%
+    assert not _folded_at("qwen3-1.7b", 1, 512)  # 2.7 MB: under the bound (not paired)
+    assert not _folded_at("qwen3-4b", 1, 1024)  # 4.2% of its MLP asked: 2.2% faster as three launches
     assert not _folded_at("qwen3-0.6b", 1, 2048) and not _folded_at("qwen3-0.6b", 1, 4096)  # K/V past the budget
     for context in (512, 1024, 2048):  # 6 MiB is 6.2% of Llama-3.2-1B's MLP
         assert not _folded_at("llama-3.2-1b", 1, context)
@@ -554,10 +555,6 @@ def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(m
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the plan as a GPU's, computed here
     decoder = FusedDecoder(model, run.cache, run.static_ids, FusedOptions(pdl=False), longest_prefix=48)
     assert decoder.folded
-    if asker != "folded":
-        decoder.folded = False
-        assert decoder.weights_ahead(decoder.layers[0]) is None  # three launches that ask for none (the default)
-        monkeypatch.setattr(fused_decode, "UNFOLDED_AHEAD_IN", asker)
     layer = decoder.layers[0]
     gate_up_bytes, down_bytes = (w.numel() * w.element_size() for w in (layer.gate_up.weight, layer.down.weight))
     budget = gate_up_bytes + int(down_bytes * budget_from_down) // 16 * 16
@@ -566,6 +563,11 @@ def test_the_attention_asks_l2_for_the_mlp_weights_once_each_within_the_budget(m
     assert decoder.weights_ahead(layer) is None
     monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_FROM_KV_BYTES", kv_bytes)
     monkeypatch.setattr(fused_decode, "WEIGHTS_AHEAD_BYTES", budget)
+    if asker != "folded":
+        decoder.folded = False
+        monkeypatch.setattr(fused_decode, "UNFOLDED_AHEAD_IN", "")
+        assert decoder.weights_ahead(layer) is None  # three launches that ask for none
+        monkeypatch.setattr(fused_decode, "UNFOLDED_AHEAD_IN", asker)
     first, bytes1, second, bytes2, share = decoder.weights_ahead(layer)
     assert (first, second) == (layer.gate_up.weight, layer.down.weight)
     assert (bytes1, bytes2) == (gate_up_bytes, min(down_bytes, budget - gate_up_bytes)) and share % 16 == 0
@@ -773,6 +775,25 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
         for label, _, constants in variants:
             assert set(constants) <= set(fused_prefetch.DEFAULTS), (name, label)
     assert {"study", "big_tma"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
+
+
+def test_each_attention_variant_runs_the_plan_its_label_names_where_the_rule_would_choose_another(monkeypatch):
+    """benchmarks/fused_prefetch.py --set attention: "folded at any prefix" folds where the rule would not (K/V under
+    its bound, a small share of the MLP asked), each unfolded variant runs three launches where the rule would fold,
+    and asks L2 from the kernel its label names; a variant whose constants left the rule's answer in place would time
+    one plan twice under two names."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    for name in fused_prefetch.DEFAULTS:
+        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
+    workloads = [("qwen3-1.7b", 512), ("qwen3-8b", 1024), ("qwen3-0.6b", 1024)]  # under the K/V bound; 2.1%; folded
+    asked_by = {"merge": "by the merge", "split": "by the split-KV", "": "none of the MLP's weights"}
+    for label, overrides, constants in fused_prefetch.ATTENTION_VARIANTS[1:]:
+        fused_prefetch.set_constants(constants)
+        fold = "fused.fold_attention=false" not in overrides
+        assert [_folded_at(model, 1, context, fold_attention=fold) for model, context in workloads] == [fold] * 3, label
+        assert fold or asked_by[fused_decode.UNFOLDED_AHEAD_IN] in label
 
 
 def test_a_set_whose_design_was_taken_out_says_so_in_one_line_and_names_the_commit_that_runs_it():

@@ -11,7 +11,8 @@ Per layer, in launch order:
    K and V to the cache; attention over the chunk (attn=triton-decode's split-KV loop, harness/kernels/
    triton_decode.py); the last chunk of a KV head to finish merges them all. (`fused.fold_attention=false`, and at
    bs=1 past one chunk where attention_folded's rule says: the three launches it replaces, `_rope_append`,
-   attn=triton-decode's `_split_kv` and its `_merge`.)
+   `_split_kv_ahead` and `_merge_ahead`: attn=triton-decode's split-KV program and merge, launched with PDL, the
+   merge asking L2 for the MLP's weights as the folded attention does.)
 3. `_matvec` (O): attention's output times o_proj, added to the residual stream in place.
 4. `_matvec` (gate/up): the residual times the MLP norm's gain times gate|up packed in pairs of column blocks, so
    that each program finishes SiLU(gate)·up (and 1/rms) for its columns.
@@ -187,8 +188,8 @@ WEIGHTS_AHEAD_FROM_KV_BYTES = 1 << 20
 # Llama-3.2-1B's and Qwen3-1.7B's, two models that differ in more than it (head size, heads a group). With the merge
 # asking ahead, on two more H100s (GPU-e7a93e1c, GPU-330a99cd), three launches took 0.955 times the folded step for
 # Qwen3-0.6B at context 512 (2.7 MB of K/V, a third of its MLP asked: the fold's one miss before), 0.958 at 768
-# (3.7 MB), 0.979 for Llama-3.2-1B at 1024 (2.4 MB), 0.978 for Qwen3-4B at 1024 (4.2%) and 1.000 for Qwen3-1.7B at
-# 512, but 1.014 for Qwen3-0.6B at 1024 and 1.007 for Qwen3-1.7B at 1024 (4.8 MB): FOLD_MIN_KV_BYTES sits between
+# (3.7 MB), 0.979 for Llama-3.2-1B at 1024 (2.4 MB) and 0.978 for Qwen3-4B at 1024 (4.2%), but 1.014 for
+# Qwen3-0.6B at 1024 and 1.007 for Qwen3-1.7B at 1024 (4.8 MB): FOLD_MIN_KV_BYTES sits between
 # 3.7 and 4.8 MB, a fit to these pairs (past 1024 slots the chunks a KV head double, 16 to 32, which may be what the
 # fold gains from), not a law. More rows keep the fold (9% faster for Qwen3-0.6B at bs=8 context 16384 on an H200)
 FOLD_MIN_AHEAD_SHARE = 0.07
@@ -861,7 +862,7 @@ def _split_kv_ahead(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head
                     GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                     IEEE: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
     """attn=triton-decode's split-KV program, then (AHEAD) its share of the MLP's weights asked of L2."""
-    _pdl_start(PDL)  # as attn=triton-decode's `_split_kv`: the merge let launch before this program's wait
+    _pdl_start(PDL)  # the merge let launch before this program's wait
     _pdl_wait(PDL)
     split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot, GROUP,
                    GROUP_PAD, D, BLOCK_N, SPLITS, IEEE)

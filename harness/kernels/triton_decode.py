@@ -89,10 +89,7 @@ def softmax_block(q, k, v, inside, scale, m_i, l_i, acc, IEEE: tl.constexpr):
 @triton.jit
 def _split_kv(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot,
               GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-              SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # mode=fused launches it with programmatic dependent launch: wait for the kernel before it
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+              SPLITS: tl.constexpr, IEEE: tl.constexpr):
     split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head, k_slot, v_row, v_head, v_slot, GROUP,
                    GROUP_PAD, D, BLOCK_N, SPLITS, IEEE)
 
@@ -117,12 +114,8 @@ def split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head,
 
 
 @triton.jit
-def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-           PDL: tl.constexpr = False):
+def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
     row, head = tl.program_id(0), tl.program_id(1)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, SPLITS, D, SPLITS, "")
     tl.store(Out + row * o_row + head * o_head + tl.arange(0, D), out.to(Out.dtype.element_ty))
 
