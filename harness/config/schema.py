@@ -102,8 +102,9 @@ class FusedConfig:
     prefetch: bool = False
     # RoPE, the K/V append and the merge of attention's chunks inside the attention kernel (one launch a layer
     # instead of three): 9% faster for Qwen3-0.6B at bs=8 context 16384 (one H200). On, at bs=1 past one chunk a KV
-    # head it folds only where it asks L2 for 7% of the MLP's weights ahead, and runs three launches elsewhere there
-    # (harness/kernels/fused_decode.py, attention_folded: paired on H100s, 2026-12-06); off: three launches everywhere
+    # head it folds only where it reads 4 MiB of K/V a layer and asks L2 for 7% of the MLP's weights ahead, and runs
+    # three launches elsewhere there (harness/kernels/fused_decode.py, attention_folded: paired on H100s,
+    # 2026-12-06); off: three launches everywhere
     fold_attention: bool = True
     # each kind of product's plan (K splits, packing, warps, L2 prefetch) chosen at prepare by timing the captured
     # step against the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan, so that an
@@ -113,9 +114,10 @@ class FusedConfig:
     # weight times a split of K in one go before its PDL wait and sums them on CUDA cores (harness/kernels/
     # fused_decode.py, slice_layout); off: 64 x 128 tiles on tensor cores in a loop, as at larger batches
     slices: bool = True
-    # where the folded attention reads 1-6 MiB of K/V, it asks L2 for the first 6 MiB of the layer's gate/up and down
-    # weights once its chunks' K/V are read, while HBM would idle (harness/kernels/fused_decode.py,
-    # WEIGHTS_AHEAD_BYTES; a Hopper GPU): 2% off Qwen3-0.6B's step at bs=1 context 1024, paired on one H200
+    # where the attention reads 1-6 MiB of K/V, it asks L2 for the first 6 MiB of the layer's gate/up and down
+    # weights once its chunks' K/V are read, while HBM would idle: the folded kernel's programs, or the merge's of the
+    # three launches (harness/kernels/fused_decode.py, WEIGHTS_AHEAD_BYTES, UNFOLDED_AHEAD_IN; a Hopper GPU): 2% off
+    # Qwen3-0.6B's step at bs=1 context 1024 folded (one H200), 2.7% at context 512 as three launches (an H100)
     weights_ahead: bool = True
     # in a model 2560 wide or wider, the products' weight tiles stream through the tensor memory accelerator into
     # shared memory for the tensor cores, two or three tiles in flight a program (harness/kernels/fused_decode.py,

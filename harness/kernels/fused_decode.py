@@ -45,8 +45,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, chunk_of, chunk_softmax, TARGET_PROGRAMS,
-                                           empty_softmax, kv_block, merge_head, softmax_block, softmax_over,
-                                           split_kv_chunk, splits_for)
+                                           empty_softmax, kv_block, merge_head, merge_one_head, softmax_block,
+                                           softmax_over, split_kv_chunk, splits_for)
 from harness.kernels.triton_runtime import interpreted
 
 # `_matvec`'s input: a buffer (any dtype), or the embedding rows of the input ids (written as the residual's value)
@@ -876,13 +876,12 @@ def _merge_ahead(Acc, M, L, Out, o_row, o_head, Ahead1, ahead1_bytes, Ahead2, ah
                  HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
     """attn=triton-decode's merge of one (row, head), (AHEAD) its share of the MLP's weights asked of L2 first: the
     split-KV kernel's reads are over at its wait, and the merge's own are a few partials."""
-    row, head = tl.program_id(0), tl.program_id(1)
     _pdl_start(PDL)
     _pdl_wait(PDL)
     if AHEAD:
-        _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share, row * HEADS + head)
-    out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, SPLITS, D, SPLITS, "")
-    tl.store(Out + row * o_row + head * o_head + tl.arange(0, D), out.to(Out.dtype.element_ty))
+        _weights_to_l2(Ahead1, ahead1_bytes, Ahead2, ahead2_bytes, ahead_share,
+                       tl.program_id(0) * HEADS + tl.program_id(1))
+    merge_one_head(Acc, M, L, Out, o_row, o_head, HEADS, D, SPLITS)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,12 @@ def split_kv_chunk(Q, K, V, Pos, Acc, M, L, scale, q_row, q_head, k_row, k_head,
 
 @triton.jit
 def _merge(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    merge_one_head(Acc, M, L, Out, o_row, o_head, HEADS, D, SPLITS)
+
+
+@triton.jit
+def merge_one_head(Acc, M, L, Out, o_row, o_head, HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    """The program's (row, head): its SPLITS chunks' partial softmaxes merged into its output."""
     row, head = tl.program_id(0), tl.program_id(1)
     out = merge_head(Acc, M, L, (row * HEADS + head) * SPLITS, SPLITS, D, SPLITS, "")
     tl.store(Out + row * o_row + head * o_head + tl.arange(0, D), out.to(Out.dtype.element_ty))
