@@ -2,6 +2,8 @@
 bandwidth it reaches on the bytes it must read (weights; K/V of the valid prefix), from torch.profiler over replays
 of the captured step; then the step's time by CUDA events and the GPU's idle share of it. On a CUDA GPU:
     python benchmarks/fused_kernels.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384 [fused.pdl=false ...]
+    python benchmarks/fused_kernels.py --variant attention:1 model=...   # the step of benchmarks/fused_prefetch.py's
+                                                     # --set attention variant 1: its module constants and overrides
 """
 from __future__ import annotations
 
@@ -106,5 +108,24 @@ def report(cfg, stepper, times: dict[str, list[float]], step_ms: float) -> None:
               f"{per_step_us / busy_us:.0%} | {bandwidth} |")
 
 
+def variant_overrides(spec: str) -> list[str]:
+    """`--variant SET:I`: variant I of benchmarks/fused_prefetch.py's set SET, its module constants set in
+    fused_decode (every other at its default); returns the overrides it adds to the command line's."""
+    import fused_prefetch  # this folder's; imported here because it imports this module
+
+    name, _, index = spec.partition(":")
+    variants = fused_prefetch.SETS.get(name)
+    if variants is None or not index.isdigit() or int(index) >= len(variants):
+        sys.exit(f"--variant {spec}: give SET:I, a set of benchmarks/fused_prefetch.py "
+                 f"({', '.join(fused_prefetch.SETS)}) and the index of one of its variants")
+    label, extra, constants = variants[int(index)]
+    fused_prefetch.set_constants(constants)
+    print(f"variant {spec}: {label}")
+    return list(extra)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if args[:1] == ["--variant"]:
+        args = args[2:] + variant_overrides(" ".join(args[1:2]))
+    main(args)

@@ -990,6 +990,25 @@ def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_pla
     assert fused_kernels.weight_bytes(decoder)[fused_kernels.O] == 3 * fp32 * layer.o.n * layer.o.k
 
 
+def test_a_profiled_variant_plans_the_step_its_set_names_and_a_bad_one_is_refused_in_one_line(monkeypatch):
+    """benchmarks/fused_kernels.py --variant attention:1 profiles the folded attention where the rule would unfold it
+    (its constants set in fused_decode, as fused_prefetch.py's pairs set them); attention:2 adds the switch that
+    unfolds it; a set or index that does not exist is one line naming what would be valid."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_kernels
+    import fused_prefetch
+
+    for name in fused_prefetch.DEFAULTS:
+        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
+    assert fused_kernels.variant_overrides("attention:1") == [] and _folded_at("qwen3-0.6b", 1, 768)
+    assert fused_kernels.variant_overrides("attention:2") == ["fused.fold_attention=false"]
+    fused_kernels.variant_overrides("attention:0")
+    assert not _folded_at("qwen3-0.6b", 1, 768)  # the rule's constants back: 3.7 MB of K/V, under its bound
+    for bad in ("attention:9", "attention", "nosuch:0"):
+        with pytest.raises(SystemExit, match=f"^--variant {bad}: give SET:I, a set of .*attention.*chunks"):
+            fused_kernels.variant_overrides(bad)
+
+
 def test_the_tma_first_set_copies_before_the_wait_and_streams_qkv_and_o_only_where_its_names_say(monkeypatch):
     """benchmarks/fused_prefetch.py --set tma_first on Llama-3.2-1B (2048 wide): each variant copies the first tile
     before the PDL wait, asks L2 for the first tiles, streams QKV and O through TMA too, or lets the large products
