@@ -6,6 +6,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                                                                                 # holds a cache and packed weights)
     python benchmarks/fused_prefetch.py --set attention model=...   # the attention's fold rule, folded, or three
                                                                     # launches (asking L2 for the MLP's weights)
+    python benchmarks/fused_prefetch.py --set unfolded_chunks model=...  # the three launches' chunks, against the
+                                                                    # rule and the fold
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
@@ -84,6 +86,13 @@ ATTENTION_VARIANTS = [
      dict(UNFOLDED_AHEAD_IN="split")),
     ("unfolded, none of the MLP's weights asked", ["fused.fold_attention=false"], dict(UNFOLDED_AHEAD_IN="")),
 ]
+# `--set unfolded_chunks`: the three launches' grid (UNFOLDED_ATTENTION_PROGRAMS, the programs their split-KV's chunks
+# aim at), against the rule and the fold at any prefix
+UNFOLDED_CHUNK_VARIANTS = [
+    ("attention as the rule plans it (the default)", [], {}),
+    ("attention folded: one kernel a layer at any prefix", [], dict(FOLD_MIN_AHEAD_SHARE=0, FOLD_MIN_KV_BYTES=0))] + [
+    (f"attention unfolded, its chunks for {n} programs", ["fused.fold_attention=false"],
+     dict(UNFOLDED_ATTENTION_PROGRAMS=n)) for n in (264, 128, 64)]
 # `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks
 # at the longest prefix the run decodes to, fused_decode.merge_block)
 MERGE_VARIANTS = [("sized by the context (the default)", [], {})] + [
@@ -335,7 +344,8 @@ LARGE_TILES_VARIANTS = [("the rules (64 x 128 tiles, 4 stages)", [], {}),
 QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
-SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
+SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks": UNFOLDED_CHUNK_VARIANTS,
+        "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
         "kv": KV_VARIANTS, "first": FIRST_VARIANTS, "products": PRODUCT_VARIANTS,
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
@@ -357,7 +367,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE", "TMA_WIDE_PROGRAMS_PER_SM",
     "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
-    "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN")}
+    "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN",
+    "UNFOLDED_ATTENTION_PROGRAMS")}
 
 
 def set_constants(constants: dict) -> None:

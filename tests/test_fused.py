@@ -3,6 +3,7 @@ fused kernel can hide failing the run, and what the config refuses before anythi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -260,11 +261,12 @@ def test_one_attention_chunk_a_kv_head_up_to_256_slots_of_prefix():
     """One chunk a (row, KV head), nothing to merge, where the longest prefix is 256 slots or fewer, at any batch;
     past that, the grid for about 264 programs (at 394 slots one chunk was 11% slower for Qwen3-0.6B, at 478 0.8%
     slower for Llama-3.2-1B, on the H200)."""
+    chunks = functools.partial(fused_decode.attention_chunks, programs=fused_decode.ATTENTION_PROGRAMS)
     for rows in (1, 8, 32):
-        assert fused_decode.attention_chunks(rows, 8, 170) == fused_decode.attention_chunks(rows, 8, 256) == 1
-        assert fused_decode.attention_chunks(rows, 8, 257) == fused_decode.splits_for(rows, 8, 257, 264)
-    assert fused_decode.attention_chunks(1, 8, 257) == 8 and fused_decode.attention_chunks(8, 8, 394) == 4
-    assert fused_decode.attention_chunks(1, 8, 1290) == 32  # Qwen3-0.6B at context 1024
+        assert chunks(rows, 8, 170) == chunks(rows, 8, 256) == 1
+        assert chunks(rows, 8, 257) == fused_decode.splits_for(rows, 8, 257, 264)
+    assert chunks(1, 8, 257) == 8 and chunks(8, 8, 394) == 4
+    assert chunks(1, 8, 1290) == 32  # Qwen3-0.6B at context 1024
 
 
 def _folded_at(model_name: str, rows: int, context: int, steps: int = 138, **options) -> bool:
@@ -349,8 +351,22 @@ def test_a_fused_run_logs_its_attention_chunks_a_kv_head(steps_after_prompt, one
     stepper = FusedStepper(model, prompt, cfg.cache_len, FusedOptions(pdl=False), steps_after_prompt=steps_after_prompt)
     chunks = stepper.metrics["attention_chunks_per_kv_head"]
     assert chunks == stepper.decoder.attn_acc.shape[2] == fused_decode.attention_chunks(
-        2, model.config.num_key_value_heads, 100 + steps_after_prompt + 1)
+        2, model.config.num_key_value_heads, 100 + steps_after_prompt + 1, fused_decode.ATTENTION_PROGRAMS)
     assert (chunks == 1) == one_chunk
+
+
+@pytest.mark.parametrize("fold_attention", [True, False], ids=["folded", "three-launches"])
+def test_the_three_launches_aim_their_chunks_at_programs_of_their_own(fold_attention, monkeypatch):
+    """UNFOLDED_ATTENTION_PROGRAMS sizes the three launches' grid and ATTENTION_PROGRAMS the folded kernel's: each
+    plan's chunks follow its own aim and not the other's, and its step decodes eager's logits at that grid."""
+    monkeypatch.setattr(fused_decode, "ATTENTION_PROGRAMS", 16)
+    monkeypatch.setattr(fused_decode, "UNFOLDED_ATTENTION_PROGRAMS", 8)
+    eager, run, decoder = fused_and_eager("context_len=100", "cache_len=320",
+                                          options=FusedOptions(pdl=False, fold_attention=fold_attention))
+    rows_times_kv_heads = 2 * decoder.kv_heads  # two rows; 320 slots are 5 blocks, so up to 8 chunks
+    assert decoder.folded == fold_attention
+    assert decoder.attn_acc.shape[2] == (16 if fold_attention else 8) // rows_times_kv_heads
+    decode_like_eager(eager, run, decoder, 3)
 
 
 def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
@@ -794,6 +810,24 @@ def test_each_attention_variant_runs_the_plan_its_label_names_where_the_rule_wou
         fold = "fused.fold_attention=false" not in overrides
         assert [_folded_at(model, 1, context, fold_attention=fold) for model, context in workloads] == [fold] * 3, label
         assert fold or asked_by[fused_decode.UNFOLDED_AHEAD_IN] in label
+
+
+def test_each_unfolded_chunks_variant_runs_three_launches_aimed_at_the_programs_its_label_names(monkeypatch):
+    """benchmarks/fused_prefetch.py --set unfolded_chunks: each unfolded variant runs three launches where the rule
+    would fold (Qwen3-0.6B at context 1024), and its grid aims at the programs its label names; "folded at any prefix"
+    folds where the rule would not (context 768)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    for name in fused_prefetch.DEFAULTS:
+        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
+    variants = fused_prefetch.SETS["unfolded_chunks"]
+    fused_prefetch.set_constants(variants[1][2])
+    assert _folded_at("qwen3-0.6b", 1, 768) and "fused.fold_attention=false" not in variants[1][1]
+    for label, overrides, constants in variants[2:]:
+        fused_prefetch.set_constants(constants)
+        assert not _folded_at("qwen3-0.6b", 1, 1024, fold_attention="fused.fold_attention=false" not in overrides)
+        assert label.endswith(f"its chunks for {fused_decode.UNFOLDED_ATTENTION_PROGRAMS} programs"), label
 
 
 def test_a_set_whose_design_was_taken_out_says_so_in_one_line_and_names_the_commit_that_runs_it():

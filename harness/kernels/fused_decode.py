@@ -97,6 +97,9 @@ MAX_MERGE_BLOCK = 64
 # 128 and 64 were within 0.7% of it, paired, on Qwen3-0.6B and Qwen3-8B at context 1024, 32 5% slower (one H200;
 # docs/benchmarks.md, "the merge sized by the context")
 ATTENTION_PROGRAMS = TARGET_PROGRAMS
+# The same aim for the attention's three launches (not folded): their split-KV's chunks, which the merge kernel then
+# reads back
+UNFOLDED_ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # The folded attention's query tile has GROUP_PAD rows (16, the MMA's least) for a group of 2-8 heads: the padding
 # rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums. Masked took 1.5% off
 # Qwen3-0.6B's step at context 1024 and 1.3% off Qwen3-8B's, paired on one H200 (docs/benchmarks.md)
@@ -996,13 +999,12 @@ def merge_block(valid_slots: int, splits: int) -> int:
     return min(MAX_MERGE_BLOCK, triton.next_power_of_2(chunks))
 
 
-def attention_chunks(rows: int, kv_heads: int, longest_prefix: int) -> int:
-    """Chunks a (row, KV head) of the folded attention's grid for a run whose longest prefix is `longest_prefix`
-    slots: one up to ONE_CHUNK_MAX_SLOTS, else as many as bring the programs to about ATTENTION_PROGRAMS
-    (splits_for)."""
+def attention_chunks(rows: int, kv_heads: int, longest_prefix: int, programs: int) -> int:
+    """Chunks a (row, KV head) of the attention's grid for a run whose longest prefix is `longest_prefix` slots: one
+    up to ONE_CHUNK_MAX_SLOTS, else as many as bring the programs to about `programs` (splits_for)."""
     if longest_prefix <= ONE_CHUNK_MAX_SLOTS:
         return 1
-    return splits_for(rows, kv_heads, longest_prefix, ATTENTION_PROGRAMS)
+    return splits_for(rows, kv_heads, longest_prefix, programs)
 
 
 def kv_within_ahead_window(kv_bytes: int) -> bool:
@@ -1376,10 +1378,11 @@ class FusedDecoder:
 
     def _attention_splits(self) -> int:
         """The attention's chunks a (row, KV head): for the longest prefix the run decodes to, or the cache's
-        capacity (CHUNKS_BY_PREFIX)."""
+        capacity (CHUNKS_BY_PREFIX), aimed at the folded kernel's programs or the three launches'."""
+        programs = ATTENTION_PROGRAMS if self.folded else UNFOLDED_ATTENTION_PROGRAMS
         if CHUNKS_BY_PREFIX:
-            return attention_chunks(self.rows, self.kv_heads, self.longest_prefix)
-        return splits_for(self.rows, self.kv_heads, self.cache.layers[0].max_cache_len, ATTENTION_PROGRAMS)
+            return attention_chunks(self.rows, self.kv_heads, self.longest_prefix, programs)
+        return splits_for(self.rows, self.kv_heads, self.cache.layers[0].max_cache_len, programs)
 
     def _kv_bytes(self) -> int:
         """Bytes of K and V a layer's attention reads at the longest prefix."""
