@@ -1,6 +1,3 @@
-# `--set chunks`: how many programs the attention's chunks aim at, folded or three launches alike (fewer: longer
-# chunks, fewer queries and merges; at 8 a bs=1 step of an 8-KV-head model has one chunk a KV head, which merges
-# nothing, as the public study's attention)
 """How far ahead mode=fused's programs should ask L2 for their weights, and on how many warps: each variant's step
 captured in one process on one GPU, then timed in alternating blocks (forward then backward order, round after
 round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
@@ -106,8 +103,9 @@ LOOP_VARIANTS = [
     ("Triton's pipeliner, 3 stages", [], dict(PIPELINE_STAGES=3)),
     ("Triton's pipeliner, 4 stages", [], dict(PIPELINE_STAGES=4)),
 ]
-# `--set chunks`: how many programs the attention's chunks aim at, folded or three launches alike (fewer: longer chunks, fewer queries and merges; at
-# 8 a bs=1 step of an 8-KV-head model has one chunk a KV head, which merges nothing, as the public study's attention)
+# `--set chunks`: how many programs the attention's chunks aim at, folded or three launches alike (fewer: longer
+# chunks, fewer queries and merges; at 8 a bs=1 step of an 8-KV-head model has one chunk a KV head, which merges
+# nothing, as the public study's attention)
 CHUNK_VARIANTS = [("the default (one chunk a KV head up to ONE_CHUNK_MAX_SLOTS of prefix)", [], {})] + [
     (f"attention chunks for {n} programs", [], dict(ATTENTION_PROGRAMS=n, UNFOLDED_ATTENTION_PROGRAMS=n,
                                                     ONE_CHUNK_MAX_SLOTS=0))
