@@ -198,8 +198,11 @@ WEIGHTS_AHEAD_FROM_KV_BYTES = 1 << 20
 # Qwen3-0.6B at context 512 (2.7 MB of K/V, a third of its MLP asked: the fold's one miss before), 0.958 at 768
 # (3.7 MB), 0.979 for Llama-3.2-1B at 1024 (2.4 MB) and 0.978 for Qwen3-4B at 1024 (4.2%), but 1.014 for
 # Qwen3-0.6B at 1024 and 1.007 for Qwen3-1.7B at 1024 (4.8 MB): FOLD_MIN_KV_BYTES sits between
-# 3.7 and 4.8 MB, a fit to these pairs (past 1024 slots the chunks a KV head double, 16 to 32, which may be what the
-# fold gains from), not a law. More rows keep the fold (9% faster for Qwen3-0.6B at bs=8 context 16384 on an H200)
+# 3.7 and 4.8 MB, a fit to these pairs, not a law. Profiled, the bound was the three launches' grid doubling past
+# about 1024 slots (16 to 32 chunks a KV head at 264 programs; UNFOLDED_ATTENTION_PROGRAMS). At 128 programs, on an
+# H200, the fold is still 1.3% faster for Qwen3-0.6B at 1024 and three launches 0.14% faster for Qwen3-1.7B there
+# (within what two builds of one plan differ), and the fold 3.2% slower for Qwen3-0.6B at 768, so the bound holds.
+# More rows keep the fold (9% faster for Qwen3-0.6B at bs=8 context 16384 on an H200)
 FOLD_MIN_AHEAD_SHARE = 0.07
 FOLD_MIN_KV_BYTES = 4 << 20
 # Where the attention's three launches ask L2 for the MLP's weights (fused.weights_ahead, in the same budget and K/V
