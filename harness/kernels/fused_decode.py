@@ -95,15 +95,15 @@ MAX_MERGE_BLOCK = 64
 # Programs the attention's chunks of the valid prefix aim at (all rows and KV heads together): fewer, longer chunks
 # compute each group's queries fewer times and merge fewer partials, more fill more SMs. attn=triton-decode's 264:
 # 128 and 64 were within 0.7% of it, paired, on Qwen3-0.6B and Qwen3-8B at context 1024, 32 5% slower (one H200;
-# docs/benchmarks.md, "the merge sized by the context")
+# docs/benchmarks.md, "the merge sized by the context"). Paired again on an H100 on 2026-12-06 under today's kernels,
+# 128 took 1.041 times the folded step for Qwen3-0.6B at context 1024 and 64 1.013
 ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # The same aim for the attention's three launches (not folded): their split-KV's chunks, which their merge kernel reads
 # back. splits_for rounds up to a power of two, so 264 gave 32-64 chunks a KV head at bs=1 past 1024 slots (eight KV
 # heads: 256-512 programs, many of one 64-slot block or none); 128 gives 16. Paired on one H200 (GPU-16875c31,
-# 2026-12-06; docs/benchmarks.md, "the three launches' chunks"), 128 against 264 took 0.933 / 0.935 times the step for
-# Qwen3-0.6B at contexts 2048 / 4096, 0.986 / 0.969 for Llama-3.2-1B at 1024 / 2048, 0.999 for Qwen3-8B at 1024;
-# 64 was slower than 128 at each (at 4096 slower than 264). The folded kernel keeps 264: 128 took 1.041 times its
-# step for Qwen3-0.6B at context 1024 on an H100
+# 2026-12-06; docs/benchmarks.md, "three launches aim their chunks at 128 programs"), 128 against 264 took 0.933 and
+# 0.935 times the step for Qwen3-0.6B at contexts 2048 and 4096, 0.986 and 0.969 for Llama-3.2-1B at 1024 and 2048,
+# 0.999 for Qwen3-8B at 1024; 64 was slower than 128 at each (at 4096 slower than 264). The folded kernel keeps 264
 UNFOLDED_ATTENTION_PROGRAMS = 128
 # The folded attention's query tile has GROUP_PAD rows (16, the MMA's least) for a group of 2-8 heads: the padding
 # rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums. Masked took 1.5% off
