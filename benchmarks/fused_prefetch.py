@@ -88,9 +88,7 @@ ATTENTION_VARIANTS = [
 ]
 # `--set unfolded_chunks`: the three launches' grid (UNFOLDED_ATTENTION_PROGRAMS, the programs their split-KV's chunks
 # aim at), against the rule and the fold at any prefix
-UNFOLDED_CHUNK_VARIANTS = [
-    ("attention as the rule plans it (the default)", [], {}),
-    ("attention folded: one kernel a layer at any prefix", [], dict(FOLD_MIN_AHEAD_SHARE=0, FOLD_MIN_KV_BYTES=0))] + [
+UNFOLDED_CHUNK_VARIANTS = ATTENTION_VARIANTS[:2] + [
     (f"attention unfolded, its chunks for {n} programs", ["fused.fold_attention=false"],
      dict(UNFOLDED_ATTENTION_PROGRAMS=n)) for n in (264, 128, 64)]
 # `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks

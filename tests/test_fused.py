@@ -269,6 +269,18 @@ def test_one_attention_chunk_a_kv_head_up_to_256_slots_of_prefix():
     assert chunks(1, 8, 1290) == 32  # Qwen3-0.6B at context 1024
 
 
+@pytest.fixture
+def fused_prefetch(monkeypatch):
+    """benchmarks/fused_prefetch.py (benchmarks/ on the path), every fused_decode constant its variants set put back
+    after the test."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    for name in fused_prefetch.DEFAULTS:
+        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))
+    return fused_prefetch
+
+
 def _folded_at(model_name: str, rows: int, context: int, steps: int = 138, **options) -> bool:
     """attention_folded's answer for a model of conf/model/ at `rows` rows decoding `steps` tokens after `context`
     (a job's default: 10 warm-up, 128 timed), from its config's sizes in bf16 (the K/V a layer reads at the longest
@@ -793,16 +805,11 @@ def test_each_paired_variant_sets_only_kernel_constants_that_are_restored_before
     assert {"study", "big_tma"} <= set(fused_prefetch.SETS)  # the pairs docs/benchmarks.md asks of the next lease
 
 
-def test_each_attention_variant_runs_the_plan_its_label_names_where_the_rule_would_choose_another(monkeypatch):
+def test_each_attention_variant_runs_the_plan_its_label_names_where_the_rule_would_choose_another(fused_prefetch):
     """benchmarks/fused_prefetch.py --set attention: "folded at any prefix" folds where the rule would not (K/V under
     its bound, a small share of the MLP asked), each unfolded variant runs three launches where the rule would fold,
     and asks L2 from the kernel its label names; a variant whose constants left the rule's answer in place would time
     one plan twice under two names."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import fused_prefetch
-
-    for name in fused_prefetch.DEFAULTS:
-        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
     workloads = [("qwen3-1.7b", 512), ("qwen3-8b", 1024), ("qwen3-0.6b", 1024)]  # under the K/V bound; 2.1%; folded
     asked_by = {"merge": "by the merge", "split": "by the split-KV", "": "none of the MLP's weights"}
     for label, overrides, constants in fused_prefetch.ATTENTION_VARIANTS[1:]:
@@ -812,15 +819,10 @@ def test_each_attention_variant_runs_the_plan_its_label_names_where_the_rule_wou
         assert fold or asked_by[fused_decode.UNFOLDED_AHEAD_IN] in label
 
 
-def test_each_unfolded_chunks_variant_runs_three_launches_aimed_at_the_programs_its_label_names(monkeypatch):
+def test_each_unfolded_chunks_variant_runs_three_launches_aimed_at_the_programs_its_label_names(fused_prefetch):
     """benchmarks/fused_prefetch.py --set unfolded_chunks: each unfolded variant runs three launches where the rule
     would fold (Qwen3-0.6B at context 1024), and its grid aims at the programs its label names; "folded at any prefix"
     folds where the rule would not (context 768)."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import fused_prefetch
-
-    for name in fused_prefetch.DEFAULTS:
-        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
     variants = fused_prefetch.SETS["unfolded_chunks"]
     fused_prefetch.set_constants(variants[1][2])
     assert _folded_at("qwen3-0.6b", 1, 768) and "fused.fold_attention=false" not in variants[1][1]
@@ -840,13 +842,11 @@ def test_a_set_whose_design_was_taken_out_says_so_in_one_line_and_names_the_comm
     assert done.stderr.startswith("--set waits: its design was taken out of the code; it runs at commit f561a71")
 
 
-def test_a_variant_verified_runs_as_a_harness_job_with_its_own_constants_and_no_other_variants(monkeypatch):
+def test_a_variant_verified_runs_as_a_harness_job_with_its_own_constants_and_no_other_variants(monkeypatch,
+                                                                                           fused_prefetch):
     """benchmarks/fused_prefetch.py --verify: the job runs in this process with the variant's constants set, and every
     other constant back at its default (a constant left from a variant set before would verify another step than the
     one named), on the command line given, with the variant's own overrides."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import fused_prefetch
-
     seen = {}
 
     def job(argv):
@@ -854,8 +854,6 @@ def test_a_variant_verified_runs_as_a_harness_job_with_its_own_constants_and_no_
         return 3
 
     monkeypatch.setattr(fused_prefetch, "cli_main", job)
-    for name in fused_prefetch.DEFAULTS:
-        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
     fused_decode.TMA_STAGES = 7  # as a variant set before would leave it
     variant = fused_prefetch.SETS["big_tma"][6]
     assert fused_prefetch.verify(["model=tiny", "bs=1"], variant) == 3  # the job's exit status
@@ -1024,16 +1022,12 @@ def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_pla
     assert fused_kernels.weight_bytes(decoder)[fused_kernels.O] == 3 * fp32 * layer.o.n * layer.o.k
 
 
-def test_a_profiled_variant_plans_the_step_its_set_names_and_a_bad_one_is_refused_in_one_line(monkeypatch):
+def test_a_profiled_variant_plans_the_step_its_set_names_and_a_bad_one_is_refused_in_one_line(fused_prefetch):
     """benchmarks/fused_kernels.py --variant attention:1 profiles the folded attention where the rule would unfold it
     (its constants set in fused_decode, as fused_prefetch.py's pairs set them); attention:2 adds the switch that
     unfolds it; a set or index that does not exist is one line naming what would be valid."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import fused_kernels
-    import fused_prefetch
+    import fused_kernels  # on the path by the fixture
 
-    for name in fused_prefetch.DEFAULTS:
-        monkeypatch.setattr(fused_decode, name, getattr(fused_decode, name))  # put back after the test
     assert fused_kernels.variant_overrides("attention:1") == [] and _folded_at("qwen3-0.6b", 1, 768)
     assert fused_kernels.variant_overrides("attention:2") == ["fused.fold_attention=false"]
     fused_kernels.variant_overrides("attention:0")
