@@ -87,10 +87,19 @@ ATTENTION_VARIANTS = [
     ("unfolded, none of the MLP's weights asked", ["fused.fold_attention=false"], dict(UNFOLDED_AHEAD_IN="")),
 ]
 # `--set unfolded_chunks`: the three launches' grid (UNFOLDED_ATTENTION_PROGRAMS, the programs their split-KV's chunks
-# aim at), against the rule and the fold at any prefix
+# aim at), against the rule and the fold at any prefix. At bs=1 with eight KV heads 264 gives 64 chunks a KV head
+# past 32 blocks of prefix (about 2048 slots), 256 gives 32; aims added later go last, so that an earlier day's
+# `--only` names the same variants
 UNFOLDED_CHUNK_VARIANTS = ATTENTION_VARIANTS[:2] + [
     (f"attention unfolded, its chunks for {n} programs", ["fused.fold_attention=false"],
-     dict(UNFOLDED_ATTENTION_PROGRAMS=n)) for n in (264, 128, 64)]
+     dict(UNFOLDED_ATTENTION_PROGRAMS=n)) for n in (264, 128, 64, 256)]
+# `--set attention_warps`: the attention's programs on more warps or with more K/V blocks in flight (the three launches'
+# split-KV where the rule unfolds, the folded kernel where it folds: each variant sets both alike)
+WARPS_STAGES = [(4, 3), (8, 3), (4, 4), (8, 4), (4, 2), (8, 2)]
+ATTENTION_WARPS_VARIANTS = [
+    (f"the attention's programs on {warps} warps, {stages} stages{' (the default)' if not i else ''}", [],
+     dict(SPLIT_KV_WARPS=warps, SPLIT_KV_STAGES=stages, FOLDED_ATTENTION_WARPS=warps, FOLDED_ATTENTION_STAGES=stages))
+    for i, (warps, stages) in enumerate(WARPS_STAGES)]
 # `--set merge`: how many chunks the folded attention's last program merges a load (the default: sized by the chunks
 # at the longest prefix the run decodes to, fused_decode.merge_block)
 MERGE_VARIANTS = [("sized by the context (the default)", [], {})] + [
@@ -353,7 +362,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
-        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS}
+        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS,
+        "attention_warps": ATTENTION_WARPS_VARIANTS}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
 TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")
@@ -368,7 +378,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
     "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN",
-    "UNFOLDED_ATTENTION_PROGRAMS")}
+    "UNFOLDED_ATTENTION_PROGRAMS", "SPLIT_KV_WARPS", "SPLIT_KV_STAGES", "FOLDED_ATTENTION_WARPS",
+    "FOLDED_ATTENTION_STAGES")}
 
 
 def set_constants(constants: dict) -> None:

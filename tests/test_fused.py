@@ -381,6 +381,37 @@ def test_the_three_launches_aim_their_chunks_at_programs_of_their_own(fold_atten
     decode_like_eager(eager, run, decoder, 3)
 
 
+class _LaunchSpy:
+    """A Triton kernel that records each launch's warps and stages, then launches the kernel itself."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((kwargs.get("num_warps"), kwargs.get("num_stages")))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("fold_attention", [True, False], ids=["folded", "three-launches"])
+def test_each_attention_plan_launches_on_the_warps_and_stages_of_its_own_constants(fold_attention, monkeypatch):
+    """FOLDED_ATTENTION_WARPS/STAGES reach the folded kernel's launch and SPLIT_KV_WARPS/STAGES the split-KV's, not
+    the other's (`--set attention_warps` pairs them), and the step still decodes eager's logits."""
+    monkeypatch.setattr(fused_decode, "FOLDED_ATTENTION_WARPS", 2)
+    monkeypatch.setattr(fused_decode, "FOLDED_ATTENTION_STAGES", 5)
+    monkeypatch.setattr(fused_decode, "SPLIT_KV_WARPS", 8)
+    monkeypatch.setattr(fused_decode, "SPLIT_KV_STAGES", 2)
+    spies = {name: _LaunchSpy(getattr(fused_decode, name)) for name in ("_attention", "_split_kv_ahead")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(fused_decode, name, spy)
+    eager, run, decoder = fused_and_eager("context_len=100", "cache_len=320",
+                                          options=FusedOptions(pdl=False, fold_attention=fold_attention))
+    decode_like_eager(eager, run, decoder, 2)
+    used, unused = ("_attention", "_split_kv_ahead") if fold_attention else ("_split_kv_ahead", "_attention")
+    assert set(spies[used].launches) == {(2, 5) if fold_attention else (8, 2)} and not spies[unused].launches
+
+
 def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
     m, tags = result.metrics, result.mode_tags
@@ -830,6 +861,19 @@ def test_each_unfolded_chunks_variant_runs_three_launches_aimed_at_the_programs_
         fused_prefetch.set_constants(constants)
         assert not _folded_at("qwen3-0.6b", 1, 1024, fold_attention="fused.fold_attention=false" not in overrides)
         assert label.endswith(f"its chunks for {fused_decode.UNFOLDED_ATTENTION_PROGRAMS} programs"), label
+
+
+def test_each_attention_warps_variant_sets_both_attention_plans_to_the_warps_and_stages_its_label_names(
+        fused_prefetch):
+    """benchmarks/fused_prefetch.py --set attention_warps: each variant sets the split-KV's and the folded kernel's
+    warps and stages alike, as its label says, and only the variant labelled the default is the code's default."""
+    for label, overrides, constants in fused_prefetch.SETS["attention_warps"]:
+        fused_prefetch.set_constants(constants)
+        warps, stages = fused_decode.SPLIT_KV_WARPS, fused_decode.SPLIT_KV_STAGES
+        assert (fused_decode.FOLDED_ATTENTION_WARPS, fused_decode.FOLDED_ATTENTION_STAGES) == (warps, stages), label
+        assert f"on {warps} warps, {stages} stages" in label and not overrides, label
+        defaults = all(constants[name] == fused_prefetch.DEFAULTS[name] for name in constants)
+        assert defaults == label.endswith("(the default)"), label
 
 
 def test_a_set_whose_design_was_taken_out_says_so_in_one_line_and_names_the_commit_that_runs_it():

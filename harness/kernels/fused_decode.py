@@ -103,8 +103,19 @@ ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # heads: 256-512 programs, many of one 64-slot block or none); 128 gives 16. Paired on one H200 (GPU-16875c31,
 # 2026-12-06; docs/benchmarks.md, "three launches aim their chunks at 128 programs"), 128 against 264 took 0.933 and
 # 0.935 times the step for Qwen3-0.6B at contexts 2048 and 4096, 0.986 and 0.969 for Llama-3.2-1B at 1024 and 2048,
-# 0.999 for Qwen3-8B at 1024; 64 was slower than 128 at each (at 4096 slower than 264). The folded kernel keeps 264
+# 0.999 for Qwen3-8B at 1024; 64 was slower than 128 at each (at 4096 slower than 264). The folded kernel keeps 264.
+# Out to context 16384, on an H100 (GPU-4286e687, 2026-12-06), 128 was still the fastest for Qwen3-0.6B (256: 32
+# chunks, 4.2-5.2% slower at 2048 to 16384) and Qwen3-8B at 16384 (256 0.96% slower); for Llama-3.2-1B at 16384 256
+# took 0.993 of its step, at 2048 1.013
 UNFOLDED_ATTENTION_PROGRAMS = 128
+# The warps and software-pipeline stages (K/V blocks in flight) of the attention's programs: the three launches'
+# split-KV and the folded kernel. Triton's defaults, 4 and 3, were the fastest of 4 or 8 warps on 2 to 4 stages at
+# every workload paired on one H100 (GPU-9fac1985, 2026-12-06; docs/benchmarks.md, "the attention's chunks and warps
+# at long contexts"): 8 warps 1.1-8.7% slower, 4 stages 0.5-3.5% (Llama-3.2-1B's study workload within 0.05%),
+# 2 stages 0.6-15%; on Qwen3-0.6B at bs=1 contexts 1024 to 16384 and bs=8 context 16384 (2 stages not built there: out
+# of memory beside the other variants), Llama-3.2-1B at 16384 and at 32
+SPLIT_KV_WARPS, SPLIT_KV_STAGES = 4, 3
+FOLDED_ATTENTION_WARPS, FOLDED_ATTENTION_STAGES = 4, 3
 # The folded attention's query tile has GROUP_PAD rows (16, the MMA's least) for a group of 2-8 heads: the padding
 # rows masked (they load nothing), or repeating the last head's loads of the QKV partial sums. Masked took 1.5% off
 # Qwen3-0.6B's step at context 1024 and 1.3% off Qwen3-8B's, paired on one H200 (docs/benchmarks.md)
@@ -1459,7 +1470,8 @@ class FusedDecoder:
             MASK_PAD=QUERY_PADDING_MASKED, KV_PREFETCH=self._kv_prefetch(keys, values),
             TOGETHER=MERGE_HEADS_TOGETHER and splits <= MAX_MERGE_BLOCK, NEW_KV_IN_REGISTERS=NEW_KV_IN_REGISTERS,
             POSITION_BEFORE_WAIT=POSITION_BEFORE_WAIT, PAST_KV_BEFORE_WAIT=PAST_KV_BEFORE_WAIT,
-            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, PAST_KV_BEFORE_QUERIES=PAST_KV_BEFORE_QUERIES, **self._launch())
+            LAUNCH_AT_START=ATTENTION_LAUNCH_AT_START, PAST_KV_BEFORE_QUERIES=PAST_KV_BEFORE_QUERIES,
+            num_warps=FOLDED_ATTENTION_WARPS, num_stages=FOLDED_ATTENTION_STAGES, **self._launch())
 
     def weights_ahead(self, layer: Layer) -> tuple | None:
         """What the layer's attention asks L2 for (fused.weights_ahead), as its launch takes it: gate/up's weights and
@@ -1505,7 +1517,7 @@ class FusedDecoder:
             q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1),
             values.stride(2), *(ahead if in_split else none), GROUP=group, GROUP_PAD=self.group_pad, D=self.head_dim,
             BLOCK_N=ATTN_BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32 or interpreted(), AHEAD=in_split,
-            **self._launch())
+            num_warps=SPLIT_KV_WARPS, num_stages=SPLIT_KV_STAGES, **self._launch())
         _merge_ahead[(self.rows, self.heads)](
             self.attn_acc, self.attn_max, self.attn_sum, self.attn_out, self.attn_out.stride(0), self.head_dim,
             *(ahead if in_merge else none), HEADS=self.heads, D=self.head_dim, SPLITS=splits, AHEAD=in_merge,
