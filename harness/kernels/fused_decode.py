@@ -104,9 +104,10 @@ ATTENTION_PROGRAMS = TARGET_PROGRAMS
 # 2026-12-06; docs/benchmarks.md, "three launches aim their chunks at 128 programs"), 128 against 264 took 0.933 and
 # 0.935 times the step for Qwen3-0.6B at contexts 2048 and 4096, 0.986 and 0.969 for Llama-3.2-1B at 1024 and 2048,
 # 0.999 for Qwen3-8B at 1024; 64 was slower than 128 at each (at 4096 slower than 264). The folded kernel keeps 264.
-# Out to context 16384, on an H100 (GPU-4286e687, 2026-12-06), 128 was still the fastest for Qwen3-0.6B (256: 32
-# chunks, 4.2-5.2% slower at 2048 to 16384) and Qwen3-8B at 16384 (256 0.96% slower); for Llama-3.2-1B at 16384 256
-# took 0.993 of its step, at 2048 1.013
+# Out to context 16384, on two H100s (GPU-4286e687, GPU-41f1258a, 2026-12-06), 128 was still the fastest for
+# Qwen3-0.6B (256: 32 chunks, 4.2-5.2% slower at 2048 to 16384), Qwen3-8B at 16384 (256 1.0% slower), Qwen3-1.7B at
+# 2048 and 4096, Qwen3-4B and Llama-3.1-8B at 2048 (0.6-3.1%); for Llama-3.2-1B at 16384 256 took 0.993 of its step,
+# at 2048 1.013
 UNFOLDED_ATTENTION_PROGRAMS = 128
 # The warps and software-pipeline stages (K/V blocks in flight) of the attention's programs: the three launches'
 # split-KV and the folded kernel. Triton's defaults, 4 and 3, were the fastest of 4 or 8 warps on 2 to 4 stages at
