@@ -8,6 +8,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                                                                     # launches (asking L2 for the MLP's weights)
     python benchmarks/fused_prefetch.py --set unfolded_chunks model=...  # the three launches' chunks, against the
                                                                     # rule and the fold
+    python benchmarks/fused_prefetch.py --set attention_warps model=...  # the attention's warps and K/V blocks in
+                                                                    # flight
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs

@@ -113,8 +113,8 @@ UNFOLDED_ATTENTION_PROGRAMS = 128
 # split-KV and the folded kernel. Triton's defaults, 4 and 3, were the fastest of 4 or 8 warps on 2 to 4 stages at
 # every workload paired on one H100 (GPU-9fac1985, 2026-12-06; docs/benchmarks.md, "the attention's chunks and warps
 # at long contexts"): 8 warps 1.1-8.7% slower, 4 stages 0.5-3.5% (Llama-3.2-1B's study workload within 0.05%),
-# 2 stages 0.6-15%; on Qwen3-0.6B at bs=1 contexts 1024 to 16384 and bs=8 context 16384 (2 stages not built there: out
-# of memory beside the other variants), Llama-3.2-1B at 16384 and at 32
+# 2 stages 0.6-15%; on Qwen3-0.6B at bs=1 contexts 1024, 4096 and 16384 and at bs=8 context 16384 (2 stages not built
+# there: out of memory beside the other variants), Llama-3.2-1B at bs=1 contexts 16384 and 32
 SPLIT_KV_WARPS, SPLIT_KV_STAGES = 4, 3
 FOLDED_ATTENTION_WARPS, FOLDED_ATTENTION_STAGES = 4, 3
 # The folded attention's query tile has GROUP_PAD rows (16, the MMA's least) for a group of 2-8 heads: the padding
