@@ -155,14 +155,16 @@ def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave
 
 
 class _Recording:
-    """A kernel whose launches are counted into `launched`, then run."""
+    """A kernel whose launches are recorded into `launched` (each its grid, warps and stages), then run."""
 
     def __init__(self, kernel, launched: list):
         self.kernel, self.launched = kernel, launched
 
     def __getitem__(self, grid):
-        self.launched.append(grid)
-        return self.kernel[grid]
+        def launch(*args, **kwargs):
+            self.launched.append((grid, kwargs.get("num_warps"), kwargs.get("num_stages")))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["padding-masked", "padding-repeats-last-head"])
@@ -381,19 +383,6 @@ def test_the_three_launches_aim_their_chunks_at_programs_of_their_own(fold_atten
     decode_like_eager(eager, run, decoder, 3)
 
 
-class _LaunchSpy:
-    """A Triton kernel that records each launch's warps and stages, then launches the kernel itself."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((kwargs.get("num_warps"), kwargs.get("num_stages")))
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 @pytest.mark.parametrize("fold_attention", [True, False], ids=["folded", "three-launches"])
 def test_each_attention_plan_launches_on_the_warps_and_stages_of_its_own_constants(fold_attention, monkeypatch):
     """FOLDED_ATTENTION_WARPS/STAGES reach the folded kernel's launch and SPLIT_KV_WARPS/STAGES the split-KV's, not
@@ -402,14 +391,15 @@ def test_each_attention_plan_launches_on_the_warps_and_stages_of_its_own_constan
     monkeypatch.setattr(fused_decode, "FOLDED_ATTENTION_STAGES", 5)
     monkeypatch.setattr(fused_decode, "SPLIT_KV_WARPS", 8)
     monkeypatch.setattr(fused_decode, "SPLIT_KV_STAGES", 2)
-    spies = {name: _LaunchSpy(getattr(fused_decode, name)) for name in ("_attention", "_split_kv_ahead")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(fused_decode, name, spy)
+    launched = {name: [] for name in ("_attention", "_split_kv_ahead")}
+    for name, launches in launched.items():
+        monkeypatch.setattr(fused_decode, name, _Recording(getattr(fused_decode, name), launches))
     eager, run, decoder = fused_and_eager("context_len=100", "cache_len=320",
                                           options=FusedOptions(pdl=False, fold_attention=fold_attention))
     decode_like_eager(eager, run, decoder, 2)
     used, unused = ("_attention", "_split_kv_ahead") if fold_attention else ("_split_kv_ahead", "_attention")
-    assert set(spies[used].launches) == {(2, 5) if fold_attention else (8, 2)} and not spies[unused].launches
+    assert {(warps, stages) for _, warps, stages in launched[used]} == {(2, 5) if fold_attention else (8, 2)}
+    assert not launched[unused]
 
 
 def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
