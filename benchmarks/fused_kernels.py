@@ -1,6 +1,8 @@
 """Where a fused decode step's time goes: each kernel of mode=fused's step, its time a call and a step, and the
 bandwidth it reaches on the bytes it must read (weights; K/V of the valid prefix), from torch.profiler over replays
-of the captured step; then the step's time by CUDA events and the GPU's idle share of it. On a CUDA GPU:
+of the captured step; then the step's time by CUDA events and the GPU's idle share of it. With PDL on, kernels
+overlap, so each also gets its share of the step's path: how far its end lies past the latest end before it, and
+how long it ran beside the kernel before (path_times). On a CUDA GPU:
     python benchmarks/fused_kernels.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384 [fused.pdl=false ...]
     python benchmarks/fused_kernels.py --variant attention:1 model=...   # the step of benchmarks/fused_prefetch.py's
                                                      # --set attention variant 1: its module constants and overrides
@@ -47,8 +49,8 @@ def weight_bytes(decoder) -> dict[str, float]:
     return per
 
 
-def kernel_times(stepper, per_step: int, layer_kernels: tuple[str, ...]) -> dict[str, list[float]]:
-    """µs of every launch over STEPS replays, by its place in the step."""
+def kernel_times(stepper, per_step: int, layer_kernels: tuple[str, ...]) -> dict[str, list[tuple[float, float]]]:
+    """Every launch's (start, end) in µs over STEPS replays, in launch order, by its place in the step."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
             stepper.step()
@@ -61,8 +63,22 @@ def kernel_times(stepper, per_step: int, layer_kernels: tuple[str, ...]) -> dict
     for i, event in enumerate(events):
         place = i % per_step
         name = "final norm + lm_head" if place == per_step - 1 else layer_kernels[place % len(layer_kernels)]
-        times[name].append(event.time_range.end - event.time_range.start)
+        times[name].append((event.time_range.start, event.time_range.end))
     return times
+
+
+def path_times(ranges: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """For kernels' (start, end) in launch order: how far each one's end lies past the latest end before it (its share
+    of the step's path, an idle gap before it included: under PDL a kernel that ends inside the one before adds
+    nothing, and the shares sum to the span from the first start to the last end), and how long it ran beside the kernel before (its head start: 0
+    where it started after that one's end, as without PDL)."""
+    shares, head_starts, latest_end, previous_end = [], [], None, None
+    for start, end in ranges:
+        shares.append(end - start if latest_end is None else max(0.0, end - latest_end))
+        head_starts.append(0.0 if previous_end is None else max(0.0, min(previous_end, end) - start))
+        latest_end = end if latest_end is None else max(latest_end, end)
+        previous_end = end
+    return shares, head_starts
 
 
 def fused_model_and_prompt(overrides: list[str]):
@@ -94,18 +110,29 @@ def main(overrides: list[str]) -> None:
     report(cfg, stepper, times, step_ms)
 
 
-def report(cfg, stepper, times: dict[str, list[float]], step_ms: float) -> None:
+def report(cfg, stepper, times: dict[str, list[tuple[float, float]]], step_ms: float) -> None:
     weights = weight_bytes(stepper.decoder)
-    busy_us = sum(map(sum, times.values())) / STEPS
+    spans = {name: [end - start for start, end in ranges] for name, ranges in times.items()}
+    in_order = sorted((r, name) for name, ranges in times.items() for r in ranges)
+    shares, head_starts = path_times([r for r, _ in in_order])
+    path, beside = defaultdict(float), defaultdict(float)
+    for (_, name), share, head_start in zip(in_order, shares, head_starts):
+        path[name] += share / STEPS
+        beside[name] += head_start / STEPS
+    busy_us = sum(map(sum, spans.values())) / STEPS
     print(f"\n{cfg.label} ({stepper.tags['fused']}): {step_ms * 1e3:.1f} µs a step (median of {STEPS} replays, CUDA events), "
-          f"{stepper.decoder.kernels_per_step()} kernels, GPU busy {busy_us:.1f} µs, idle {1 - busy_us / (step_ms * 1e3):.0%}")
-    print("| kernel | calls/step | µs/call | µs/step | share | GB/s on weights |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, spans in sorted(times.items(), key=lambda kv: -sum(kv[1])):
-        per_step_us = sum(spans) / STEPS
+          f"{stepper.decoder.kernels_per_step()} kernels, GPU busy {busy_us:.1f} µs, idle {1 - busy_us / (step_ms * 1e3):.0%}; "
+          f"the path's shares sum to {sum(path.values()):.1f} µs a step under the profiler")
+    print("| kernel | calls/step | µs/call | µs/step | share | GB/s on weights | path µs/step | path GB/s | "
+          "beside the one before µs/call |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, durations in sorted(spans.items(), key=lambda kv: -sum(kv[1])):
+        per_step_us, calls = sum(durations) / STEPS, len(durations)
         bandwidth = f"{weights[name] / (per_step_us * 1e3):.0f}" if name in weights else "-"
-        print(f"| {name} | {len(spans) // STEPS} | {sum(spans) / len(spans):.2f} | {per_step_us:.1f} | "
-              f"{per_step_us / busy_us:.0%} | {bandwidth} |")
+        path_bandwidth = f"{weights[name] / (path[name] * 1e3):.0f}" if name in weights and path[name] else "-"
+        print(f"| {name} | {calls // STEPS} | {sum(durations) / calls:.2f} | {per_step_us:.1f} | "
+              f"{per_step_us / busy_us:.0%} | {bandwidth} | {path[name]:.1f} | {path_bandwidth} | "
+              f"{beside[name] * STEPS / calls:.2f} |")
 
 
 def variant_overrides(spec: str) -> list[str]:

@@ -31,7 +31,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
 
 from harness.cli.precheck import compose_single_run
-from harness.kernels import fused_decode
+from harness.kernels import fused_decode, tma_before_wait
 
 # An H200's (and H100's) streaming multiprocessor, sm_90: CUDA's occupancy limits
 REGISTERS_AN_SM, THREADS_AN_SM, PROGRAMS_AN_SM, SHARED_BYTES_AN_SM = 65536, 2048, 32, 228 * 1024
@@ -99,6 +99,8 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
     """(registers a thread, shared bytes a program, 16-byte loads a thread issues before its PDL wait) of
     `product`'s kernel (`_matvec`, or `_matvec_tma` where its tiles stream through TMA) as ptxas compiles it for
     sm_90, its arguments specialised as the JIT specialises the step's (launch_product's)."""
+    if product.copies_first:
+        return copies_first_resources(kind, product, rows, pdl)
     x, out, norm, output, bump = LAUNCHED_AS[kind]
     constants = fused_decode.product_constants(product, rows, fused_decode.PLAIN, output, norm, bump, pdl)
     warps = constants.pop("num_warps")
@@ -125,6 +127,31 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
     return cubin_registers(compiled), compiled.metadata.shared, wide_loads
 
 
+def copies_first_resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool) -> tuple[int, int, int]:
+    """`resources` of a product run as tma_before_wait.py's Gluon kernel, its arguments as its launch passes them
+    (none of its loads before the wait is a 16-byte load: its copies there are the copy engine's)."""
+    try:
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:  # Triton 3.6 (the GPU's) keeps it here
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+    x, out, norm, output, bump = LAUNCHED_AS[kind]
+    sizes, constants = tma_before_wait.launch_arguments(product.bn, product.bk, product.n, product.k, product.splits,
+                                                        product.stages, launch_sizes(kind, product, rows)["out_cols"],
+                                                        norm=norm, bump=bump, output=output, pdl=pdl)
+    kernel = tma_before_wait._matvec_copies_first
+    ones, aligned = specialised(sizes)
+    constants.update(ones)
+    signature = {"X": x, "Gain": POINTERS["Gain"], "Wdesc": mangle_type(product.descriptor), "Out": out,
+                 "Bump": POINTERS["Bump"], **{name: "i32" for name in sizes}, "eps": "fp32",
+                 **dict.fromkeys(constants, "constexpr")}
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned
+             if name in kernel.arg_names and signature[name] != "constexpr"}
+    compiled = triton.compile(GluonASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
+                              options=dict(num_warps=product.warps))
+    return cubin_registers(compiled), compiled.metadata.shared, 0
+
+
 def cubin_registers(compiled) -> int:
     """Registers a thread of a compiled kernel, as ptxas allocated them (cuobjdump -res-usage)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -144,8 +171,12 @@ def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list
         per_sm = programs_an_sm(registers, product.warps, shared)
         at_once = min(programs, per_sm * fused_decode.SMS)
         # a tile or slice loaded before the wait; TMA's copies come after it (the descriptor's loads, in its loop)
+        # (tma_before_wait.py's programs copy their stages' tiles before it)
         first_bytes = (0 if product.descriptor is not None
                        else product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2)
+        if product.copies_first:
+            first_bytes = product.bn * product.bk * 2 * min(product.stages,
+                                                            triton.cdiv(product.k_tiles, product.splits))
         table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
                           wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
                           wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))

@@ -10,6 +10,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                                                                     # rule and the fold
     python benchmarks/fused_prefetch.py --set attention_warps model=...  # the attention's warps and K/V blocks in
                                                                     # flight
+    python benchmarks/fused_prefetch.py --set copies_first model=...  # the large products' copies before the wait
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
@@ -355,6 +356,20 @@ LARGE_TILES_VARIANTS = [("the rules (64 x 128 tiles, 4 stages)", [], {}),
 QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
+# `--set copies_first`: the large products (a model 2048 wide, one row) as harness/kernels/tma_before_wait.py's Gluon
+# kernel, every program's stages copied before its PDL wait, where `_matvec_tma` issues them after it (tma_first's
+# copy before the wait was a copy and a wait at once). Profiled with PDL on an H100 (GPU-ad63b242, 2026-12-06), the
+# rules' gate/up started only 0.36 us before O ended: O lets it launch after O's loop, so its copies have little to
+# overlap. Hence the same kernel with O letting gate/up launch at O's wait or start, and the rules with O at its start
+COPIES_FIRST = dict(TMA_COPIES_BEFORE_WAIT=True)
+COPIES_FIRST_VARIANTS = [("the rules (the copies after the wait)", [], {}),
+                         ("the copies before the PDL wait (Gluon), 4 stages", [], COPIES_FIRST),
+                         ("the copies before the PDL wait (Gluon), O launching gate/up at its wait", [],
+                          dict(COPIES_FIRST, **launch_at(["o"], AT_WAIT))),
+                         ("the copies before the PDL wait (Gluon), O launching gate/up at its start", [],
+                          dict(COPIES_FIRST, **launch_at(["o"], fused_decode.AT_START))),
+                         ("the rules, O launching gate/up at its start", [], launch_at(["o"], fused_decode.AT_START)),
+                         ("the copies before the PDL wait (Gluon), 3 stages", [], dict(COPIES_FIRST, TMA_LARGE_STAGES=3))]
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks": UNFOLDED_CHUNK_VARIANTS,
         "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
@@ -365,7 +380,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
         "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
         "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS,
-        "attention_warps": ATTENTION_WARPS_VARIANTS}
+        "attention_warps": ATTENTION_WARPS_VARIANTS, "copies_first": COPIES_FIRST_VARIANTS}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
 TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")
@@ -381,7 +396,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
     "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN",
     "UNFOLDED_ATTENTION_PROGRAMS", "SPLIT_KV_WARPS", "SPLIT_KV_STAGES", "FOLDED_ATTENTION_WARPS",
-    "FOLDED_ATTENTION_STAGES")}
+    "FOLDED_ATTENTION_STAGES", "TMA_COPIES_BEFORE_WAIT")}
 
 
 def set_constants(constants: dict) -> None:

@@ -21,7 +21,7 @@ from harness import models
 from harness.config.labels import FUSED_SWITCHES
 from harness.cli.precheck import compose_single_run
 from harness.config.schema import ConfigError, FusedConfig
-from harness.kernels import fused_decode
+from harness.kernels import fused_decode, tma_before_wait
 from harness.kernels.fused_decode import ATTN_BLOCK_N, FusedDecoder, FusedOptions, pack, pair_blocks, split_count
 from harness.measure.job import measure, seeded_prompt
 from harness.modes.base import Stepper
@@ -1056,6 +1056,22 @@ def test_the_per_kernel_profile_names_each_launch_of_the_step_as_the_decoder_pla
     assert fused_kernels.weight_bytes(decoder)[fused_kernels.O] == 3 * fp32 * layer.o.n * layer.o.k
 
 
+def test_the_per_kernel_profile_charges_each_kernel_only_the_time_it_adds_to_the_steps_path(monkeypatch):
+    """Under PDL a kernel starts inside the one before: benchmarks/fused_kernels.py charges each kernel how far its end
+    lies past the latest end before it (an idle gap before it included), so that the shares sum to the span, and says
+    how long it ran beside the kernel before. Charging whole durations would count the overlap twice; charging from
+    its own start would lose the gap."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_kernels
+
+    # a kernel alone; one starting 2 µs inside it; one ending inside that one; one after a 1 µs gap
+    ranges = [(0.0, 10.0), (8.0, 15.0), (12.0, 14.0), (16.0, 20.0)]
+    shares, head_starts = fused_kernels.path_times(ranges)
+    assert shares == [10.0, 5.0, 0.0, 5.0] and sum(shares) == ranges[-1][1] - ranges[0][0]
+    assert head_starts == [0.0, 2.0, 2.0, 0.0]
+    assert fused_kernels.path_times([(0.0, 4.0), (4.0, 9.0)]) == ([4.0, 5.0], [0.0, 0.0])  # no PDL: whole durations
+
+
 def test_a_profiled_variant_plans_the_step_its_set_names_and_a_bad_one_is_refused_in_one_line(fused_prefetch):
     """benchmarks/fused_kernels.py --variant attention:1 profiles the folded attention where the rule would unfold it
     (its constants set in fused_decode, as fused_prefetch.py's pairs set them); attention:2 adds the switch that
@@ -1091,6 +1107,76 @@ def test_the_tma_first_set_copies_before_the_wait_and_streams_qkv_and_o_only_whe
         launches = {kind: fused_decode.launch_point(p) for kind, p in products.items()}
         assert launches == {kind: fused_decode.AT_WAIT if "at their wait" in name and kind in big
                             else fused_decode.AFTER_LOOP for kind in products}, name
+
+
+COPIES_FIRST_COMPILE = """
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import mangle_type
+try:
+    from triton.experimental.gluon import GluonASTSource
+except ImportError:
+    from triton.experimental.gluon._runtime import GluonASTSource
+from harness.kernels.tma_before_wait import _matvec_copies_first, descriptor, launch_arguments
+packed = descriptor(torch.zeros(64 * 16 * 8, 128, dtype=torch.bfloat16), 64, 128)
+# gate/up (normed, SwiGLU), down (split 8 ways, added atomically), lm_head (normed logits, the position bumped)
+for x, out, n, k, splits, output, norm, bump in (("*fp32", "*bf16", 8192, 2048, 1, 1, True, False),
+                                                 ("*bf16", "*fp32", 2048, 8192, 8, 3, False, False),
+                                                 ("*fp32", "*fp32", 1024, 2048, 1, 2, True, True)):
+    sizes, consts = launch_arguments(64, 128, n, k, splits, 4, n // 2 if output == 1 else n, norm=norm, bump=bump,
+                                     output=output, pdl=True)
+    sig = dict(X=x, Gain="*bf16", Wdesc=mangle_type(packed), Out=out, Bump="*i64", **dict.fromkeys(sizes, "i32"),
+               eps="fp32", **dict.fromkeys(consts, "constexpr"))
+    ptx = triton.compile(GluonASTSource(_matvec_copies_first, sig, consts), target=GPUTarget("cuda", 90, 32),
+                         options=dict(num_warps=8)).asm["ptx"]
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    print(ptx.count("cp.async.bulk.tensor", 0, wait), ptx.count("cp.async.bulk.tensor", wait, launch),
+          ptx.count("ld.global", 0, wait), -1 < wait < launch, ptx.count("cp.async.bulk.tensor", launch),
+          ptx.count("atom.global") + ptx.count("red.global"), consts["SPLIT_TILES"], sizes["k_per_split"])
+"""
+
+
+def test_the_large_products_start_every_stage_copying_before_the_pdl_wait_and_read_their_input_after_it():
+    """harness/kernels/tma_before_wait.py compiled for the H200 (Triton's ahead-of-time compiler, no GPU): each
+    program's four stages are copied before `griddepcontrol.wait`, the stages copied again in the loop after it, no
+    load of the input (which the kernel before writes) before it, the next kernel let launch after the loop; down's
+    eight splits add their sums atomically, whole tiles each (8 of 64). A copy left after the wait, as Triton's
+    pipeliner places `_matvec_tma`'s, would fail. What it computes is checked on the GPU (tests/test_gpu.py)."""
+    printed = compiled_for_the_gpu(COPIES_FIRST_COMPILE, timeout=900).split()
+    assert printed == (["4", "1", "0", "True", "0", "0", "16", "2048"] + ["4", "1", "0", "True", "0", "2", "8", "1024"]
+                       + ["4", "1", "0", "True", "0", "0", "16", "2048"])
+
+
+def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_gpu_and_its_set_says_which(
+        monkeypatch):
+    """TMA_COPIES_BEFORE_WAIT plans Llama-3.2-1B's gate/up, down and lm_head (and no other product) as the Gluon
+    kernel at one row with packed weights, on a GPU's plan only: at two rows (the kernel computes one), with
+    row-major weights (its tiles are packed ones), or in Triton's interpreter (which runs no Gluon) they stay
+    `_matvec_tma`'s. Each variant of `--set copies_first` sets the rule, the stages and where O lets gate/up launch
+    as its name says."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    big = {"gate_up", "down", "lm_head"}
+    llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
+    for name, _, constants in fused_prefetch.SETS["copies_first"]:
+        products = variant_products(monkeypatch, llama, constants)
+        first = "before the PDL wait" in name
+        assert {kind for kind, p in products.items() if p.copies_first} == (big if first else set()), name
+        assert {p.stages for kind, p in products.items() if kind in big} == {3 if "3 stages" in name else 4}, name
+        assert all(isinstance(p.descriptor, tma_before_wait.TensorDescriptor) == p.copies_first
+                   for p in products.values()), name
+        o_launches = re.search(r"O launching gate/up at its (wait|start)", name)
+        assert fused_decode.launch_point(products["o"]) == {None: fused_decode.AFTER_LOOP, "wait": fused_decode.AT_WAIT,
+                                                            "start": fused_decode.AT_START}[o_launches and o_launches[1]]
+    copies_first = dict(TMA_COPIES_BEFORE_WAIT=True)
+    assert not any(p.copies_first for p in variant_products(monkeypatch, llama, copies_first, rows=2).values())
+    row_major = variant_products(monkeypatch, llama, copies_first, options=FusedOptions(packed=False))
+    assert not any(p.copies_first for p in row_major.values()) and row_major["gate_up"].descriptor is not None
+    monkeypatch.setattr(fused_decode, "TMA_COPIES_BEFORE_WAIT", True)
+    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 64)  # the tiny model's width, planned interpreted
+    _, _, decoder = fused_and_eager()
+    assert decoder.layers[0].down.descriptor is not None and not decoder.layers[0].down.copies_first
 
 
 def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_its_names_say(monkeypatch):

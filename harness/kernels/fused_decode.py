@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from harness.kernels import tma_before_wait
 from harness.kernels.triton_decode import (BLOCK_N as ATTN_BLOCK_N, chunk_of, chunk_softmax, TARGET_PROGRAMS,
                                            empty_softmax, kv_block, merge_head, merge_one_head, softmax_block,
                                            softmax_over, split_kv_chunk, splits_for)
@@ -309,6 +310,11 @@ QKV_ONE_AN_SM_MAX_ROWS = 1
 # Qwen3-8B's 11.8%. Triton waits for a copy outside the loop at once, so each program waits for that tile, then for the
 # kernel before, and only then starts the pipeliner's copies
 TMA_FIRST_BEFORE_WAIT = False
+# Whether the large products' rule (TMA_LARGE_KINDS) runs, at one row of weights packed tile-major, as
+# harness/kernels/tma_before_wait.py's Gluon kernel: every program starts all its stages' copies before its PDL wait,
+# and reads the input only after it (Triton's pipeliner issues `_matvec_tma`'s copies after the wait). Not yet paired
+# on a GPU: off until it is (`--set copies_first`)
+TMA_COPIES_BEFORE_WAIT = False
 # gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
 # (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
 # 64, 192 of 32). Through registers, 32 measured slower (13.2 against 11.1 µs a call, 2026-12-02: blocks_and_splits)
@@ -925,12 +931,14 @@ class Product:
     kind: str = ""  # which of a step's products (PRODUCT_KINDS) it is, where its plan was given one
     descriptor: object = None  # the weight's TMA descriptor where its tiles stream through it (TMA_KINDS), else None
     stages: int = 0  # the tiles in flight a program where they do
+    copies_first: bool = False  # its TMA copies start before its PDL wait (tma_before_wait.py: one row, packed)
 
     def __str__(self) -> str:
         shape = f"{self.bn}x{self.bk} " + ("row slices" if self.choice and self.choice.slices else "tiles")
         return (f"{shape}, {self.splits} split{'s' * (self.splits > 1)}, {self.warps} warps, "
                 f"{'packed' if self.packed else 'row-major'}" + ", L2 prefetch" * (self.prefetch_bytes > 0)
-                + f", TMA {self.stages} stages" * (self.descriptor is not None))
+                + f", TMA {self.stages} stages" * (self.descriptor is not None)
+                + ", copied before the wait" * self.copies_first)
 
     @property
     def prefetch_ahead(self) -> int:
@@ -961,6 +969,11 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
     name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
     cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
     in). The step and the benchmarks launch products through this one call."""
+    if product.copies_first:  # one row of the input, a plain one (not an embedding's rows); no residual read
+        tma_before_wait.launch(product.descriptor, product.grid, x, out, gain, bump, n=product.n, k=product.k,
+                               splits=product.splits, stages=product.stages, warps=product.warps, eps=eps,
+                               output=output, pdl=pdl)
+        return
     residual, ids, gain_given = out if residual is None else residual, out if ids is None else ids, gain is not None
     gain, squares = out if gain is None else gain, out if squares is None else squares
     bump_at = out if bump is None else bump
@@ -1231,10 +1244,20 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
             and tma_element_size(element_size))
     if not (wide or large):
         return product
+    stages = TMA_STAGES_OF.get(product.kind, TMA_LARGE_STAGES if large else tma_stages(product))
+    if large and copies_first(product, rows):
+        return replace(product, descriptor=tma_before_wait.descriptor(product.weight, product.bn, product.bk),
+                       stages=stages, copies_first=True)
     boxed = product.weight.view(-1, product.bk) if product.packed else product.weight
-    stages = TMA_LARGE_STAGES if large else tma_stages(product)
-    return replace(product, descriptor=TensorDescriptor.from_tensor(boxed, [product.bn, product.bk]),
-                   stages=TMA_STAGES_OF.get(product.kind, stages))
+    return replace(product, descriptor=TensorDescriptor.from_tensor(boxed, [product.bn, product.bk]), stages=stages)
+
+
+def copies_first(product: Product, rows: int) -> bool:
+    """Whether a large product streamed through TMA runs as tma_before_wait.py's kernel, its copies started before
+    its PDL wait: TMA_COPIES_BEFORE_WAIT, one row, weights packed tile-major, on a GPU (Gluon does not run in
+    Triton's interpreter), and an output that kernel writes."""
+    return (TMA_COPIES_BEFORE_WAIT and rows == 1 and product.packed and not interpreted()
+            and product.kind in TMA_LARGE_KINDS)
 
 
 def tma_element_size(element_size: int) -> bool:
