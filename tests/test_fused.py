@@ -1132,7 +1132,7 @@ for x, out, n, k, splits, output, norm, bump in (("*fp32", "*bf16", 8192, 2048, 
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
     print(ptx.count("cp.async.bulk.tensor", 0, wait), ptx.count("cp.async.bulk.tensor", wait, launch),
           ptx.count("ld.global", 0, wait), -1 < wait < launch, ptx.count("cp.async.bulk.tensor", launch),
-          ptx.count("atom.global") + ptx.count("red.global"), consts["SPLIT_TILES"], sizes["k_per_split"])
+          ptx.count("atom.global") + ptx.count("red.global") > 0, consts["SPLIT_TILES"], sizes["k_per_split"])
 """
 
 
@@ -1143,8 +1143,9 @@ def test_the_large_products_start_every_stage_copying_before_the_pdl_wait_and_re
     eight splits add their sums atomically, whole tiles each (8 of 64). A copy left after the wait, as Triton's
     pipeliner places `_matvec_tma`'s, would fail. What it computes is checked on the GPU (tests/test_gpu.py)."""
     printed = compiled_for_the_gpu(COPIES_FIRST_COMPILE, timeout=900).split()
-    assert printed == (["4", "1", "0", "True", "0", "0", "16", "2048"] + ["4", "1", "0", "True", "0", "2", "8", "1024"]
-                       + ["4", "1", "0", "True", "0", "0", "16", "2048"])
+    assert printed == (["4", "1", "0", "True", "0", "False", "16", "2048"]
+                       + ["4", "1", "0", "True", "0", "True", "8", "1024"]
+                       + ["4", "1", "0", "True", "0", "False", "16", "2048"])
 
 
 def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_gpu_and_its_set_says_which(

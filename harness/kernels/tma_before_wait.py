@@ -55,6 +55,15 @@ def _copy_stage(Wdesc, weights, ready, stage, tile, pred, BN: gl.constexpr):
 
 
 @gluon.jit
+def _start_copies(Wdesc, weights, ready, first_tile, tiles, STAGES: gl.constexpr, BN: gl.constexpr):
+    """Each stage's barrier readied and the split's first STAGES tiles (as many as it has) copied into them."""
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    for s in gl.static_range(STAGES):
+        _copy_stage(Wdesc, weights, ready, s, first_tile + s, s < tiles, BN)
+
+
+@gluon.jit
 def _matvec_copies_first(X, Gain, Wdesc, Out, Bump, k_total, n_total, out_cols, k_per_split, k_tiles, eps,
                          NORM: gl.constexpr, OUTPUT: gl.constexpr, SPLITS: gl.constexpr, BUMP: gl.constexpr,
                          BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_TILES: gl.constexpr,
@@ -69,10 +78,7 @@ def _matvec_copies_first(X, Gain, Wdesc, Out, Bump, k_total, n_total, out_cols, 
     tiles = gl.minimum(SPLIT_TILES, k_tiles - pid_k * SPLIT_TILES)
     weights = gl.allocate_shared_memory(Wdesc.dtype, [STAGES, BN, BK], Wdesc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-    for s in gl.static_range(STAGES):  # the weights do not depend on the kernel before
-        _copy_stage(Wdesc, weights, ready, s, first_tile + s, s < tiles, BN)
+    _start_copies(Wdesc, weights, ready, first_tile, tiles, STAGES, BN)  # the weights need no kernel before
     if PDL:
         _grid_dependency("griddepcontrol.wait;")
     k_first = pid_k * k_per_split
