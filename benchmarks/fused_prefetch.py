@@ -357,19 +357,38 @@ QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
 # `--set copies_first`: the large products (a model 2048 wide, one row) as harness/kernels/tma_before_wait.py's Gluon
-# kernel, every program's stages copied before its PDL wait, where `_matvec_tma` issues them after it (tma_first's
-# copy before the wait was a copy and a wait at once). Profiled with PDL on an H100 (GPU-ad63b242, 2026-12-06), the
-# rules' gate/up started only 0.36 us before O ended: O lets it launch after O's loop, so its copies have little to
-# overlap. Hence the same kernel with O letting gate/up launch at O's wait or start, and the rules with O at its start
-COPIES_FIRST = dict(TMA_COPIES_BEFORE_WAIT=True)
-COPIES_FIRST_VARIANTS = [("the rules (the copies after the wait)", [], {}),
-                         ("the copies before the PDL wait (Gluon), 4 stages", [], COPIES_FIRST),
-                         ("the copies before the PDL wait (Gluon), O launching gate/up at its wait", [],
-                          dict(COPIES_FIRST, **launch_at(["o"], AT_WAIT))),
-                         ("the copies before the PDL wait (Gluon), O launching gate/up at its start", [],
-                          dict(COPIES_FIRST, **launch_at(["o"], fused_decode.AT_START))),
-                         ("the rules, O launching gate/up at its start", [], launch_at(["o"], fused_decode.AT_START)),
-                         ("the copies before the PDL wait (Gluon), 3 stages", [], dict(COPIES_FIRST, TMA_LARGE_STAGES=3))]
+# kernel, every program's stages copied before its PDL wait (the rule since, on 3 stages, O letting gate/up launch at
+# O's wait: TMA_COPIES_BEFORE_WAIT, O_AT_WAIT_BEFORE_COPIES_FIRST),
+# against `_matvec_tma`, which issues them after it (tma_first's copy before the wait was a copy and a wait at once).
+# Profiled with PDL on an H100 (GPU-ad63b242, 2026-12-06), `_matvec_tma`'s gate/up started only 0.36 us before O
+# ended: O lets it launch after O's loop. Hence also O letting gate/up launch at O's wait or start. Measured
+# (GPU-fc0d0088, 2026-12-06): 3 stages 2.5% and 2.2% faster (Llama-3.2-1B, Qwen3-1.7B), 4 stages 0.8% and 0.6%, O at
+# its wait another 0.5-0.8% (the rule since: O_AT_WAIT_BEFORE_COPIES_FIRST); the rules before with O at its start 0.5%
+# slower
+BEFORE_COPIES_FIRST = dict(TMA_COPIES_BEFORE_WAIT=False)
+FOUR = dict(TMA_COPIES_FIRST_STAGES=4)
+O_AT_WAIT, O_AT_START = launch_at(["o"], AT_WAIT), launch_at(["o"], fused_decode.AT_START)
+O_AFTER_LOOP = launch_at(["o"], AFTER_LOOP)
+COPIES_FIRST_VARIANTS = [("the rules before (the copies after the wait)", [], BEFORE_COPIES_FIRST),
+                         ("the copies before the PDL wait (Gluon), 4 stages", [], dict(FOUR, **O_AFTER_LOOP)),
+                         ("the copies before the PDL wait (Gluon), 4 stages, O launching gate/up at its wait", [],
+                          dict(FOUR, **O_AT_WAIT)),
+                         ("the copies before the PDL wait (Gluon), 4 stages, O launching gate/up at its start", [],
+                          dict(FOUR, **O_AT_START)),
+                         ("the rules before, O launching gate/up at its start", [],
+                          dict(BEFORE_COPIES_FIRST, **O_AT_START)),
+                         ("the copies before the PDL wait (Gluon), 3 stages", [], O_AFTER_LOOP),
+                         ("the copies before the PDL wait (Gluon), 3 stages, O launching gate/up at its wait (the "
+                          "rule)", [], {}),
+                         ("the copies before the PDL wait (Gluon), 3 stages, O launching gate/up at its start", [],
+                          O_AT_START)]
+
+
+def as_measured(variants: list) -> list:
+    """A set measured before the copies-first rule, each variant as it ran then (`_matvec_tma` at one row too)."""
+    return [(name, extra, {**BEFORE_COPIES_FIRST, **constants}) for name, extra, constants in variants]
+
+
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks": UNFOLDED_CHUNK_VARIANTS,
         "merge": MERGE_VARIANTS, "loop": LOOP_VARIANTS,
         "chunks": CHUNK_VARIANTS, "padding": PADDING_VARIANTS, "before": BEFORE_VARIANTS,
@@ -377,9 +396,9 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "splits": SPLIT_VARIANTS, "gateup": GATE_UP_VARIANTS,
         "warps": WARP_VARIANTS, "wait": WAIT_VARIANTS, "launch": LAUNCH_VARIANTS,
         "slices": SLICES_VARIANTS, "queries": QUERIES_VARIANTS, "rules": RULES_VARIANTS, "tma": TMA_VARIANTS,
-        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": BIG_TMA_VARIANTS,
-        "large_stages": LARGE_STAGES_VARIANTS, "tma_first": TMA_FIRST_VARIANTS,
-        "large_tiles": LARGE_TILES_VARIANTS, "qkv_splits": QKV_SPLITS_VARIANTS,
+        "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": as_measured(BIG_TMA_VARIANTS),
+        "large_stages": as_measured(LARGE_STAGES_VARIANTS), "tma_first": as_measured(TMA_FIRST_VARIANTS),
+        "large_tiles": as_measured(LARGE_TILES_VARIANTS), "qkv_splits": as_measured(QKV_SPLITS_VARIANTS),
         "attention_warps": ATTENTION_WARPS_VARIANTS, "copies_first": COPIES_FIRST_VARIANTS}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
@@ -396,7 +415,7 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
     "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN",
     "UNFOLDED_ATTENTION_PROGRAMS", "SPLIT_KV_WARPS", "SPLIT_KV_STAGES", "FOLDED_ATTENTION_WARPS",
-    "FOLDED_ATTENTION_STAGES", "TMA_COPIES_BEFORE_WAIT")}
+    "FOLDED_ATTENTION_STAGES", "TMA_COPIES_BEFORE_WAIT", "TMA_COPIES_FIRST_STAGES", "O_AT_WAIT_BEFORE_COPIES_FIRST")}
 
 
 def set_constants(constants: dict) -> None:

@@ -1153,8 +1153,9 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
     """TMA_COPIES_BEFORE_WAIT plans Llama-3.2-1B's gate/up, down and lm_head (and no other product) as the Gluon
     kernel at one row with packed weights, on a GPU's plan only: at two rows (the kernel computes one), with
     row-major weights (its tiles are packed ones), or in Triton's interpreter (which runs no Gluon) they stay
-    `_matvec_tma`'s. Each variant of `--set copies_first` sets the rule, the stages and where O lets gate/up launch
-    as its name says."""
+    `_matvec_tma`'s; O lets such a gate/up launch at O's PDL wait, and another at O's rule (after its loop). Each
+    variant of `--set copies_first` sets the rule, the stages and where O lets gate/up launch as its name says; the
+    sets measured before the rule plan as they ran (`_matvec_tma` on 4 stages)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import fused_prefetch
 
@@ -1165,11 +1166,17 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
         first = "before the PDL wait" in name
         assert {kind for kind, p in products.items() if p.copies_first} == (big if first else set()), name
         assert {p.stages for kind, p in products.items() if kind in big} == {3 if "3 stages" in name else 4}, name
+        assert fused_decode.TMA_COPIES_BEFORE_WAIT == first and first != ("rules before" in name), name
         assert all(isinstance(p.descriptor, tma_before_wait.TensorDescriptor) == p.copies_first
                    for p in products.values()), name
         o_launches = re.search(r"O launching gate/up at its (wait|start)", name)
-        assert fused_decode.launch_point(products["o"]) == {None: fused_decode.AFTER_LOOP, "wait": fused_decode.AT_WAIT,
-                                                            "start": fused_decode.AT_START}[o_launches and o_launches[1]]
+        layer = fused_decode.FusedDecoder._o_launch(fused_decode.Layer(None, products["qkv"], None, None, products["o"],
+                                                                       None, products["gate_up"], products["down"]))
+        assert fused_decode.launch_point(layer.o) == {None: fused_decode.AFTER_LOOP, "wait": fused_decode.AT_WAIT,
+                                                      "start": fused_decode.AT_START}[o_launches and o_launches[1]], name
+    for name, _, constants in fused_prefetch.SETS["tma_first"][:1] + fused_prefetch.SETS["large_tiles"][:1]:
+        products = variant_products(monkeypatch, llama, constants)
+        assert not any(p.copies_first for p in products.values()) and products["down"].stages == 4, name
     copies_first = dict(TMA_COPIES_BEFORE_WAIT=True)
     assert not any(p.copies_first for p in variant_products(monkeypatch, llama, copies_first, rows=2).values())
     row_major = variant_products(monkeypatch, llama, copies_first, options=FusedOptions(packed=False))

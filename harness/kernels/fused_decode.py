@@ -311,10 +311,17 @@ QKV_ONE_AN_SM_MAX_ROWS = 1
 # kernel before, and only then starts the pipeliner's copies
 TMA_FIRST_BEFORE_WAIT = False
 # Whether the large products' rule (TMA_LARGE_KINDS) runs, at one row of weights packed tile-major, as
-# harness/kernels/tma_before_wait.py's Gluon kernel: every program starts all its stages' copies before its PDL wait,
-# and reads the input only after it (Triton's pipeliner issues `_matvec_tma`'s copies after the wait). Not yet paired
-# on a GPU: off until it is (`--set copies_first`)
-TMA_COPIES_BEFORE_WAIT = False
+# harness/kernels/tma_before_wait.py's Gluon kernel on TMA_COPIES_FIRST_STAGES: every program starts all its stages'
+# copies before its PDL wait, and reads the input only after it (Triton's pipeliner issues `_matvec_tma`'s copies
+# after the wait: profiled with PDL, gate/up then started 0.36 us before O ended). Paired on one H100 (GPU-fc0d0088,
+# 2026-12-06; docs/benchmarks.md, "the large products' copies before their PDL wait"; `--set copies_first`), against
+# `_matvec_tma` on 4 stages: on 3 stages, Llama-3.2-1B's step at the study's workload 2.5% faster and Qwen3-1.7B's at
+# bs=1 2.2%; on 4, 0.8% and 0.6% (3 stages leave room for a program beside O's two). O letting such a gate/up launch
+# at O's wait (O_AT_WAIT_BEFORE_COPIES_FIRST, not after O's loop) took another 0.5% and 0.8% off (Llama-3.2-1B 3.1%
+# faster in all, Qwen3-1.7B 3.0%); at O's start 0.2% less than at its wait on Qwen3-1.7B
+TMA_COPIES_BEFORE_WAIT = True
+TMA_COPIES_FIRST_STAGES = 3
+O_AT_WAIT_BEFORE_COPIES_FIRST = True
 # gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
 # (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
 # 64, 192 of 32). Through registers, 32 measured slower (13.2 against 11.1 µs a call, 2026-12-02: blocks_and_splits)
@@ -932,6 +939,8 @@ class Product:
     descriptor: object = None  # the weight's TMA descriptor where its tiles stream through it (TMA_KINDS), else None
     stages: int = 0  # the tiles in flight a program where they do
     copies_first: bool = False  # its TMA copies start before its PDL wait (tma_before_wait.py: one row, packed)
+    launch: int = -1  # where its programs let the next kernel launch, where the rules set it for the step (-1: its
+    # kind's point: launch_point)
 
     def __str__(self) -> str:
         shape = f"{self.bn}x{self.bk} " + ("row slices" if self.choice and self.choice.slices else "tiles")
@@ -1009,10 +1018,12 @@ def product_sizes(product: Product, rows: int, out_cols: int, eps: float) -> dic
 
 def launch_point(product: Product) -> int:
     """Where `product`'s programs let the next kernel launch (AT_WAIT, AFTER_LOOP, AT_END or AT_START): LAUNCH_AT's
-    point for its kind, else the rule's: after its stores for a gate/up sliced on eight warps, after its loop for the
-    rest."""
+    point for its kind, else the point the step set for it, else the rule's: after its stores for a gate/up sliced on
+    eight warps, after its loop for the rest."""
     if product.kind in LAUNCH_AT:
         return LAUNCH_AT[product.kind]
+    if product.launch >= 0:  # set for the step (FusedDecoder._o_launch)
+        return product.launch
     sliced = product.choice is not None and product.choice.slices
     return AT_END if product.kind == "gate_up" and sliced and product.warps >= 8 else AFTER_LOOP
 
@@ -1244,10 +1255,10 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
             and tma_element_size(element_size))
     if not (wide or large):
         return product
-    stages = TMA_STAGES_OF.get(product.kind, TMA_LARGE_STAGES if large else tma_stages(product))
     if large and copies_first(product, rows):
         return replace(product, descriptor=tma_before_wait.descriptor(product.weight, product.bn, product.bk),
-                       stages=stages, copies_first=True)
+                       stages=TMA_STAGES_OF.get(product.kind, TMA_COPIES_FIRST_STAGES), copies_first=True)
+    stages = TMA_STAGES_OF.get(product.kind, TMA_LARGE_STAGES if large else tma_stages(product))
     boxed = product.weight.view(-1, product.bk) if product.packed else product.weight
     return replace(product, descriptor=TensorDescriptor.from_tensor(boxed, [product.bn, product.bk]), stages=stages)
 
@@ -1370,8 +1381,16 @@ class FusedDecoder:
     def _layer(self, layer) -> Layer:
         attn = layer.self_attn
         norms = [getattr(getattr(attn, name, None), "weight", None) for name in ("q_norm", "k_norm")]
-        return Layer(layer.input_layernorm.weight, self._plan("qkv", layer), *norms, self._plan("o", layer),
-                     layer.post_attention_layernorm.weight, self._plan("gate_up", layer), self._plan("down", layer))
+        return self._o_launch(Layer(layer.input_layernorm.weight, self._plan("qkv", layer), *norms,
+                                    self._plan("o", layer), layer.post_attention_layernorm.weight,
+                                    self._plan("gate_up", layer), self._plan("down", layer)))
+
+    @staticmethod
+    def _o_launch(layer: Layer) -> Layer:
+        """`layer` with its O product letting the gate/up after it launch at O's PDL wait where that gate/up copies
+        its first tiles before its own (O_AT_WAIT_BEFORE_COPIES_FIRST), so that they overlap O; else at O's rule."""
+        early = O_AT_WAIT_BEFORE_COPIES_FIRST and layer.gate_up.copies_first
+        return replace(layer, o=replace(layer.o, launch=AT_WAIT if early else -1))
 
     def _plan(self, kind: str, source) -> Product:
         """`kind`'s product of one decoder layer (`source`; lm_head's: the model) as self.choices says, else by the
@@ -1397,7 +1416,7 @@ class FusedDecoder:
             if kind == "lm_head":
                 other.lm_head = other._plan(kind, self.model)
             else:
-                other.layers = [replace(layer, **{kind: other._plan(kind, source)})
+                other.layers = [other._o_launch(replace(layer, **{kind: other._plan(kind, source)}))
                                 for layer, source in zip(self.layers, self.model.model.layers)]
         other._buffers(self.cache.layers[0].keys)
         return other
