@@ -315,10 +315,10 @@ TMA_FIRST_BEFORE_WAIT = False
 # copies before its PDL wait, and reads the input only after it (Triton's pipeliner issues `_matvec_tma`'s copies
 # after the wait: profiled with PDL, gate/up then started 0.36 us before O ended). Paired on one H100 (GPU-fc0d0088,
 # 2026-12-06; docs/benchmarks.md, "the large products' copies before their PDL wait"; `--set copies_first`), against
-# `_matvec_tma` on 4 stages: on 3 stages, Llama-3.2-1B's step at the study's workload 2.5% faster and Qwen3-1.7B's at
-# bs=1 2.2%; on 4, 0.8% and 0.6% (3 stages leave room for a program beside O's two). O letting such a gate/up launch
-# at O's wait (O_AT_WAIT_BEFORE_COPIES_FIRST, not after O's loop) took another 0.5% and 0.8% off (Llama-3.2-1B 3.1%
-# faster in all, Qwen3-1.7B 3.0%); at O's start 0.2% less than at its wait on Qwen3-1.7B
+# `_matvec_tma` on 4 stages: on 3 stages, Llama-3.2-1B's step at the study's workload 2.3-2.5% faster and Qwen3-1.7B's
+# at bs=1 2.2%; on 4, 0.8% and 0.6% (why 3 beat 4 was not profiled). O letting such a gate/up launch at O's wait
+# (O_AT_WAIT_BEFORE_COPIES_FIRST, not after O's loop) took another 0.5% and 0.8% off (Llama-3.2-1B 3.1% faster in all,
+# Qwen3-1.7B 3.0%); at O's start, 0.2% faster than at its wait on Llama-3.2-1B and 0.2% slower on Qwen3-1.7B
 TMA_COPIES_BEFORE_WAIT = True
 TMA_COPIES_FIRST_STAGES = 3
 O_AT_WAIT_BEFORE_COPIES_FIRST = True
