@@ -70,8 +70,8 @@ def kernel_times(stepper, per_step: int, layer_kernels: tuple[str, ...]) -> dict
 def path_times(ranges: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     """For kernels' (start, end) in launch order: how far each one's end lies past the latest end before it (its share
     of the step's path, an idle gap before it included: under PDL a kernel that ends inside the one before adds
-    nothing, and the shares sum to the span from the first start to the last end), and how long it ran beside the kernel before (its head start: 0
-    where it started after that one's end, as without PDL)."""
+    nothing, and the shares sum to the span from the first start to the last end), and how long it ran beside the
+    kernel before (its head start: 0 where it started after that one's end, as without PDL)."""
     shares, head_starts, latest_end, previous_end = [], [], None, None
     for start, end in ranges:
         shares.append(end - start if latest_end is None else max(0.0, end - latest_end))
@@ -120,9 +120,11 @@ def report(cfg, stepper, times: dict[str, list[tuple[float, float]]], step_ms: f
         path[name] += share / STEPS
         beside[name] += head_start / STEPS
     busy_us = sum(map(sum, spans.values())) / STEPS
-    print(f"\n{cfg.label} ({stepper.tags['fused']}): {step_ms * 1e3:.1f} µs a step (median of {STEPS} replays, CUDA events), "
-          f"{stepper.decoder.kernels_per_step()} kernels, GPU busy {busy_us:.1f} µs, idle {1 - busy_us / (step_ms * 1e3):.0%}; "
-          f"the path's shares sum to {sum(path.values()):.1f} µs a step under the profiler")
+    step_us = step_ms * 1e3
+    print(f"\n{cfg.label} ({stepper.tags['fused']}): {step_us:.1f} µs a step (median of {STEPS} replays, CUDA "
+          f"events), {stepper.decoder.kernels_per_step()} kernels, GPU busy {busy_us:.1f} µs, idle "
+          f"{1 - busy_us / step_us:.0%} (the kernels' durations summed: under PDL an overlap counts twice, and idle may "
+          f"be negative); the path's shares sum to {sum(path.values()):.1f} µs a step under the profiler")
     print("| kernel | calls/step | µs/call | µs/step | share | GB/s on weights | path µs/step | path GB/s | "
           "beside the one before µs/call |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -1388,7 +1388,8 @@ class FusedDecoder:
     @staticmethod
     def _o_launch(layer: Layer) -> Layer:
         """`layer` with its O product letting the gate/up after it launch at O's PDL wait where that gate/up copies
-        its first tiles before its own (O_AT_WAIT_BEFORE_COPIES_FIRST), so that they overlap O; else at O's rule."""
+        its first tiles before its own PDL wait (O_AT_WAIT_BEFORE_COPIES_FIRST), so that the copies overlap O; else
+        at O's rule (launch_point)."""
         early = O_AT_WAIT_BEFORE_COPIES_FIRST and layer.gate_up.copies_first
         return replace(layer, o=replace(layer.o, launch=AT_WAIT if early else -1))
 
