@@ -1390,8 +1390,10 @@ class FusedDecoder:
         """`layer` with its O product letting the gate/up after it launch at O's PDL wait where that gate/up copies
         its first tiles before its own PDL wait (O_AT_WAIT_BEFORE_COPIES_FIRST), so that the copies overlap O; else
         at O's rule (launch_point)."""
-        early = O_AT_WAIT_BEFORE_COPIES_FIRST and layer.gate_up.copies_first
-        return replace(layer, o=replace(layer.o, launch=AT_WAIT if early else -1))
+        launch = AT_WAIT if O_AT_WAIT_BEFORE_COPIES_FIRST and layer.gate_up.copies_first else -1
+        if layer.o.launch == launch:  # the same product (a replanned decoder shares what it did not replan)
+            return layer
+        return replace(layer, o=replace(layer.o, launch=launch))
 
     def _plan(self, kind: str, source) -> Product:
         """`kind`'s product of one decoder layer (`source`; lm_head's: the model) as self.choices says, else by the
