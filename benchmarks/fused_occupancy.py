@@ -130,11 +130,6 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
 def copies_first_resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool) -> tuple[int, int, int]:
     """`resources` of a product run as tma_before_wait.py's Gluon kernel, its arguments as its launch passes them
     (none of its loads before the wait is a 16-byte load: its copies there are the copy engine's)."""
-    try:
-        from triton.experimental.gluon import GluonASTSource
-    except ImportError:  # Triton 3.6 (the GPU's) keeps it here
-        from triton.experimental.gluon._runtime import GluonASTSource
-
     x, out, norm, output, bump = LAUNCHED_AS[kind]
     sizes, constants = tma_before_wait.launch_arguments(product.bn, product.bk, product.n, product.k, product.splits,
                                                         product.stages, launch_sizes(kind, product, rows)["out_cols"],
@@ -147,7 +142,7 @@ def copies_first_resources(kind: str, product: fused_decode.Product, rows: int, 
                  **dict.fromkeys(constants, "constexpr")}
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned
              if name in kernel.arg_names and signature[name] != "constexpr"}
-    compiled = triton.compile(GluonASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
+    compiled = triton.compile(tma_before_wait.GluonASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
                               options=dict(num_warps=product.warps))
     return cubin_registers(compiled), compiled.metadata.shared, 0
 

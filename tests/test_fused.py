@@ -1113,11 +1113,7 @@ COPIES_FIRST_COMPILE = """
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import mangle_type
-try:
-    from triton.experimental.gluon import GluonASTSource
-except ImportError:
-    from triton.experimental.gluon._runtime import GluonASTSource
-from harness.kernels.tma_before_wait import _matvec_copies_first, descriptor, launch_arguments
+from harness.kernels.tma_before_wait import GluonASTSource, _matvec_copies_first, descriptor, launch_arguments
 packed = descriptor(torch.zeros(64 * 16 * 8, 128, dtype=torch.bfloat16), 64, 128)
 # gate/up (normed, SwiGLU), down (split 8 ways, added atomically), lm_head (normed logits, the position bumped)
 for x, out, n, k, splits, output, norm, bump in (("*fp32", "*bf16", 8192, 2048, 1, 1, True, False),
@@ -1153,7 +1149,7 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
     """TMA_COPIES_BEFORE_WAIT plans Llama-3.2-1B's gate/up, down and lm_head (and no other product) as the Gluon
     kernel at one row with packed weights, on a GPU's plan only: at two rows (the kernel computes one), with
     row-major weights (its tiles are packed ones), or in Triton's interpreter (which runs no Gluon) they stay
-    `_matvec_tma`'s; O lets such a gate/up launch at O's PDL wait, and another at O's rule (after its loop). Each
+    `_matvec_tma`'s, and QKV and O never take it, even streamed by a variant's wider rule; O lets such a gate/up launch at O's PDL wait, and another at O's rule (after its loop). Each
     variant of `--set copies_first` sets the rule, the stages and where O lets gate/up launch as its name says; the
     sets measured before the rule plan as they ran (`_matvec_tma` on 4 stages)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -1178,6 +1174,8 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
         products = variant_products(monkeypatch, llama, constants)
         assert not any(p.copies_first for p in products.values()) and products["down"].stages == 4, name
     copies_first = dict(TMA_COPIES_BEFORE_WAIT=True)
+    every_kind = variant_products(monkeypatch, llama, dict(copies_first, TMA_LARGE_KINDS=fused_decode.PRODUCT_KINDS))
+    assert {kind for kind, p in every_kind.items() if p.copies_first} == big  # QKV's partials: not its outputs
     assert not any(p.copies_first for p in variant_products(monkeypatch, llama, copies_first, rows=2).values())
     row_major = variant_products(monkeypatch, llama, copies_first, options=FusedOptions(packed=False))
     assert not any(p.copies_first for p in row_major.values()) and row_major["gate_up"].descriptor is not None

@@ -1266,9 +1266,10 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
 def copies_first(product: Product, rows: int) -> bool:
     """Whether a large product streamed through TMA runs as tma_before_wait.py's kernel, its copies started before
     its PDL wait: TMA_COPIES_BEFORE_WAIT, one row, weights packed tile-major, on a GPU (Gluon does not run in
-    Triton's interpreter), and an output that kernel writes."""
+    Triton's interpreter), and a kind whose input and output that kernel takes (not TMA_LARGE_KINDS, which a
+    benchmark's variant may widen to QKV and O)."""
     return (TMA_COPIES_BEFORE_WAIT and rows == 1 and product.packed and not interpreted()
-            and product.kind in TMA_LARGE_KINDS)
+            and product.kind in tma_before_wait.KINDS)
 
 
 def tma_element_size(element_size: int) -> bool:

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import torch
 from triton.experimental import gluon
+from triton.experimental.gluon import _runtime as gluon_runtime
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Triton 3.6 (the GPU's) and 3.9 (this machine's) name the same two operations differently
+# Triton 3.6 (the GPU's) and 3.9 (this machine's) name three of its pieces differently (the first: for the
+# ahead-of-time compiles of it in the tests and benchmarks/fused_occupancy.py; 3.6 keeps it in _runtime alone)
+GluonASTSource = getattr(gluon, "GluonASTSource", None) or gluon_runtime.GluonASTSource
 _copy_tile = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _all_threads = getattr(gl, "thread_barrier", None) or gl.barrier
-SWIGLU, LOGITS, ADD = 1, 2, 3  # fused_decode's outputs that this kernel writes
+KINDS = ("gate_up", "down", "lm_head")  # the products whose input and output it takes (SwiGLU, ADD, LOGITS)
 GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
