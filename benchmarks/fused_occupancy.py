@@ -133,13 +133,15 @@ def copies_first_resources(kind: str, product: fused_decode.Product, rows: int, 
     x, out, norm, output, bump = LAUNCHED_AS[kind]
     sizes, constants = tma_before_wait.launch_arguments(product.bn, product.bk, product.n, product.k, product.splits,
                                                         product.stages, launch_sizes(kind, product, rows)["out_cols"],
-                                                        norm=norm, bump=bump, output=output, pdl=pdl)
+                                                        input=fused_decode.PLAIN, norm=norm, bump=bump, output=output,
+                                                        launch=fused_decode.launch_point(product), pdl=pdl,
+                                                        sum_each_tile=fused_decode.TMA_COPIES_FIRST_SUM_EACH_TILE)
     kernel = tma_before_wait._matvec_copies_first
     ones, aligned = specialised(sizes)
     constants.update(ones)
-    signature = {"X": x, "Gain": POINTERS["Gain"], "Wdesc": mangle_type(product.descriptor), "Out": out,
-                 "Bump": POINTERS["Bump"], **{name: "i32" for name in sizes}, "eps": "fp32",
-                 **dict.fromkeys(constants, "constexpr")}
+    types = {**POINTERS, "X": x, "Wdesc": mangle_type(product.descriptor), "Out": out, "eps": "fp32",
+             **dict.fromkeys(sizes, "i32"), **dict.fromkeys(constants, "constexpr")}
+    signature = {name: types[name] for name in kernel.arg_names}
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned
              if name in kernel.arg_names and signature[name] != "constexpr"}
     compiled = triton.compile(tma_before_wait.GluonASTSource(kernel, signature, constants, attrs=attrs), target=SM90,

@@ -11,6 +11,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set attention_warps model=...  # the attention's warps and K/V blocks in
                                                                     # flight
     python benchmarks/fused_prefetch.py --set copies_first model=...  # the large products' copies before the wait
+    python benchmarks/fused_prefetch.py --set qkv_o_first model=...  # QKV's and O's copies before the wait too
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
@@ -384,9 +385,48 @@ COPIES_FIRST_VARIANTS = [("the rules before (the copies after the wait)", [], BE
                           O_AT_START)]
 
 
-def as_measured(variants: list) -> list:
-    """A set measured before the copies-first rule, each variant as it ran then (`_matvec_tma` at one row too)."""
-    return [(name, extra, {**BEFORE_COPIES_FIRST, **constants}) for name, extra, constants in variants]
+# `--set qkv_o_first`: QKV and O (Llama-3.2-1B's and Qwen3-1.7B's tiles through registers, a tile of each program's
+# split loaded before the PDL wait) as the same Gluon kernel, all their split's tiles copied before the wait
+# (TMA_COPIES_FIRST_SMALL_KINDS): on the H100's PDL path QKV ran at 1.7 TB/s where gate/up ran at 2.6. And the kernel
+# summing each tile as it reads it (TMA_COPIES_FIRST_SUM_EACH_TILE), twice its programs an SM
+QKV_O = ("qkv", "o")
+# the rules before QKV's copies came first: QKV through registers, the large products' copies on 3 stages
+BEFORE_QKV_FIRST = dict(TMA_COPIES_FIRST_SMALL_KINDS=(), TMA_COPIES_FIRST_STAGES=3, TMA_COPIES_FIRST_SMALL_STAGES=4)
+QKV_O_FIRST_VARIANTS = [("the rules before (QKV and O through registers)", [], {}),
+                        ("QKV copied before the PDL wait (Gluon)", [], dict(TMA_COPIES_FIRST_SMALL_KINDS=("qkv",))),
+                        ("O copied before the PDL wait (Gluon)", [], dict(TMA_COPIES_FIRST_SMALL_KINDS=("o",))),
+                        ("QKV and O copied before the PDL wait (Gluon)", [], dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O)),
+                        ("QKV and O copied before the PDL wait, QKV for 2 programs an SM", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, QKV_ONE_AN_SM_MAX_ROWS=0)),
+                        ("QKV and O copied before the PDL wait, 2 stages", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SMALL_STAGES=2)),
+                        ("the rules, each tile summed as it is read (64 registers, not 92)", [],
+                         dict(TMA_COPIES_FIRST_SUM_EACH_TILE=True)),
+                        ("QKV and O copied before the PDL wait, each tile summed as it is read", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SUM_EACH_TILE=True)),
+                        ("QKV copied before the PDL wait, 2 stages", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=("qkv",), TMA_COPIES_FIRST_SMALL_STAGES=2)),
+                        ("QKV and O copied before the PDL wait, 3 stages", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SMALL_STAGES=3)),
+                        ("QKV and O copied before the PDL wait, 1 stage", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SMALL_STAGES=1)),
+                        ("QKV and O copied before the PDL wait, 2 stages, the large products on 2 stages too", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SMALL_STAGES=2,
+                              TMA_COPIES_FIRST_STAGES=2)),
+                        ("the large products on 2 stages (QKV and O through registers)", [],
+                         dict(TMA_COPIES_FIRST_STAGES=2)),
+                        ("QKV copied before the PDL wait, 2 stages, the large products on 2 stages too", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=("qkv",), TMA_COPIES_FIRST_SMALL_STAGES=2,
+                              TMA_COPIES_FIRST_STAGES=2)),
+                        ("QKV and O copied before the PDL wait, 2 stages, the large products on 1 stage", [],
+                         dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SMALL_STAGES=2,
+                              TMA_COPIES_FIRST_STAGES=1))]
+
+
+def as_measured(variants: list, before: dict = BEFORE_COPIES_FIRST) -> list:
+    """A set measured before a rule (by default the copies-first rule), each variant as it ran then (`_matvec_tma` at
+    one row too): `before`'s constants under each variant's own."""
+    return [(name, extra, {**before, **constants}) for name, extra, constants in variants]
 
 
 SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks": UNFOLDED_CHUNK_VARIANTS,
@@ -399,7 +439,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": as_measured(BIG_TMA_VARIANTS),
         "large_stages": as_measured(LARGE_STAGES_VARIANTS), "tma_first": as_measured(TMA_FIRST_VARIANTS),
         "large_tiles": as_measured(LARGE_TILES_VARIANTS), "qkv_splits": as_measured(QKV_SPLITS_VARIANTS),
-        "attention_warps": ATTENTION_WARPS_VARIANTS, "copies_first": COPIES_FIRST_VARIANTS}
+        "attention_warps": ATTENTION_WARPS_VARIANTS, "copies_first": as_measured(COPIES_FIRST_VARIANTS, BEFORE_QKV_FIRST),
+        "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST)}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
 TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")
@@ -415,7 +456,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "TMA_LARGE_MAX_ROWS", "TMA_LARGE_KINDS", "TMA_FIRST_BEFORE_WAIT", "QKV_ONE_AN_SM_MAX_ROWS", "FOLD_MIN_AHEAD_SHARE",
     "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN",
     "UNFOLDED_ATTENTION_PROGRAMS", "SPLIT_KV_WARPS", "SPLIT_KV_STAGES", "FOLDED_ATTENTION_WARPS",
-    "FOLDED_ATTENTION_STAGES", "TMA_COPIES_BEFORE_WAIT", "TMA_COPIES_FIRST_STAGES", "O_AT_WAIT_BEFORE_COPIES_FIRST")}
+    "FOLDED_ATTENTION_STAGES", "TMA_COPIES_BEFORE_WAIT", "TMA_COPIES_FIRST_STAGES", "O_AT_WAIT_BEFORE_COPIES_FIRST",
+    "TMA_COPIES_FIRST_SMALL_KINDS", "TMA_COPIES_FIRST_SMALL_STAGES", "TMA_COPIES_FIRST_SUM_EACH_TILE")}
 
 
 def set_constants(constants: dict) -> None:

@@ -1115,14 +1115,22 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import mangle_type
 from harness.kernels.tma_before_wait import GluonASTSource, _matvec_copies_first, descriptor, launch_arguments
 packed = descriptor(torch.zeros(64 * 16 * 8, 128, dtype=torch.bfloat16), 64, 128)
-# gate/up (normed, SwiGLU), down (split 8 ways, added atomically), lm_head (normed logits, the position bumped)
-for x, out, n, k, splits, output, norm, bump in (("*fp32", "*bf16", 8192, 2048, 1, 1, True, False),
-                                                 ("*bf16", "*fp32", 2048, 8192, 8, 3, False, False),
-                                                 ("*fp32", "*fp32", 1024, 2048, 1, 2, True, True)):
-    sizes, consts = launch_arguments(64, 128, n, k, splits, 4, n // 2 if output == 1 else n, norm=norm, bump=bump,
-                                     output=output, pdl=True)
-    sig = dict(X=x, Gain="*bf16", Wdesc=mangle_type(packed), Out=out, Bump="*i64", **dict.fromkeys(sizes, "i32"),
-               eps="fp32", **dict.fromkeys(consts, "constexpr"))
+# gate/up (normed, SwiGLU), down (split 8 ways, added atomically), lm_head (normed logits, the position bumped), QKV
+# (layer 0's: the embedding's row; split 4 ways, normed partial sums) and O (split 8 ways, letting the next kernel
+# launch at its wait), each on 4 stages; and gate/up summing each tile as it reads it
+for x, out, n, k, splits, input, output, norm, bump, launch, each in (
+        ("*fp32", "*bf16", 8192, 2048, 1, 0, 1, True, False, 1, False),
+        ("*bf16", "*fp32", 2048, 8192, 8, 0, 3, False, False, 1, False),
+        ("*fp32", "*fp32", 1024, 2048, 1, 0, 2, True, True, 1, False),
+        ("*bf16", "*fp32", 3072, 2048, 4, 1, 0, True, False, 1, False),
+        ("*bf16", "*fp32", 2048, 2048, 8, 0, 3, False, True, 0, False),
+        ("*fp32", "*bf16", 8192, 2048, 1, 0, 1, True, False, 1, True)):
+    sizes, consts = launch_arguments(64, 128, n, k, splits, 4, n // 2 if output == 1 else n, input=input, norm=norm,
+                                     bump=bump, output=output, launch=launch, pdl=True, sum_each_tile=each)
+    types = dict(X=x, Ids="*i64", ResOut="*fp32", Gain="*bf16", Wdesc=mangle_type(packed), Out=out,
+                 SquaresOut="*fp32", Bump="*i64", **dict.fromkeys(sizes, "i32"), eps="fp32",
+                 **dict.fromkeys(consts, "constexpr"))
+    sig = {name: types[name] for name in _matvec_copies_first.arg_names}
     ptx = triton.compile(GluonASTSource(_matvec_copies_first, sig, consts), target=GPUTarget("cuda", 90, 32),
                          options=dict(num_warps=8)).asm["ptx"]
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
@@ -1135,12 +1143,17 @@ for x, out, n, k, splits, output, norm, bump in (("*fp32", "*bf16", 8192, 2048, 
 def test_the_large_products_start_every_stage_copying_before_the_pdl_wait_and_read_their_input_after_it():
     """harness/kernels/tma_before_wait.py compiled for the H200 (Triton's ahead-of-time compiler, no GPU): each
     program's four stages are copied before `griddepcontrol.wait`, the stages copied again in the loop after it, no
-    load of the input (which the kernel before writes) before it, the next kernel let launch after the loop; down's
-    eight splits add their sums atomically, whole tiles each (8 of 64). A copy left after the wait, as Triton's
-    pipeliner places `_matvec_tma`'s, would fail. What it computes is checked on the GPU (tests/test_gpu.py)."""
+    load of the input (which the kernel before writes; at layer 0 the input id naming the embedding's row) before it;
+    the next kernel let launch after the loop, or at the wait where the launch point says so (O's: every copy in the
+    loop then comes after the launch); down's and O's splits add their sums atomically, whole tiles each (8 of 64,
+    QKV's 4 of 16). A copy left after the wait, as Triton's pipeliner places `_matvec_tma`'s, would fail. What it
+    computes is checked on the GPU (tests/test_gpu.py)."""
     printed = compiled_for_the_gpu(COPIES_FIRST_COMPILE, timeout=900).split()
     assert printed == (["4", "1", "0", "True", "0", "False", "16", "2048"]
                        + ["4", "1", "0", "True", "0", "True", "8", "1024"]
+                       + ["4", "1", "0", "True", "0", "False", "16", "2048"]
+                       + ["4", "1", "0", "True", "0", "False", "4", "512"]
+                       + ["4", "0", "0", "True", "1", "True", "2", "256"]
                        + ["4", "1", "0", "True", "0", "False", "16", "2048"])
 
 
@@ -1149,7 +1162,8 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
     """TMA_COPIES_BEFORE_WAIT plans Llama-3.2-1B's gate/up, down and lm_head (and no other product) as the Gluon
     kernel at one row with packed weights, on a GPU's plan only: at two rows (the kernel computes one), with
     row-major weights (its tiles are packed ones), or in Triton's interpreter (which runs no Gluon) they stay
-    `_matvec_tma`'s, and QKV and O never take it, even streamed by a variant's wider rule; O lets such a gate/up launch at O's PDL wait, and another at O's rule (after its loop). Each
+    `_matvec_tma`'s; QKV and O take it only where a variant widens the rule to them; O lets such a gate/up launch at
+    O's PDL wait, and another at O's rule (after its loop). Each
     variant of `--set copies_first` sets the rule, the stages and where O lets gate/up launch as its name says; the
     sets measured before the rule plan as they ran (`_matvec_tma` on 4 stages)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -1175,7 +1189,7 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
         assert not any(p.copies_first for p in products.values()) and products["down"].stages == 4, name
     copies_first = dict(TMA_COPIES_BEFORE_WAIT=True)
     every_kind = variant_products(monkeypatch, llama, dict(copies_first, TMA_LARGE_KINDS=fused_decode.PRODUCT_KINDS))
-    assert {kind for kind, p in every_kind.items() if p.copies_first} == big  # QKV's partials: not its outputs
+    assert {kind for kind, p in every_kind.items() if p.copies_first} == set(fused_decode.PRODUCT_KINDS)
     assert not any(p.copies_first for p in variant_products(monkeypatch, llama, copies_first, rows=2).values())
     row_major = variant_products(monkeypatch, llama, copies_first, options=FusedOptions(packed=False))
     assert not any(p.copies_first for p in row_major.values()) and row_major["gate_up"].descriptor is not None
@@ -1183,6 +1197,44 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
     monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 64)  # the tiny model's width, planned interpreted
     _, _, decoder = fused_and_eager()
     assert decoder.layers[0].down.descriptor is not None and not decoder.layers[0].down.copies_first
+
+
+def test_the_qkv_o_first_set_copies_the_kinds_it_names_before_their_wait_all_their_split_s_tiles(monkeypatch):
+    """benchmarks/fused_prefetch.py --set qkv_o_first on Llama-3.2-1B at one row: QKV and O run as the Gluon kernel
+    where a variant names them (TMA_COPIES_FIRST_SMALL_KINDS), each program's stages its split's tiles (QKV 4 of 16
+    in 4 splits, 2 in 8; O 2 in 8), or fewer where the variant caps them; the large products keep the 3 stages of
+    the rules before, or the stages the variant names; O lets gate/up launch at its wait as the rule says; each tile summed as it is read where the name says.
+    At two rows, or in the rules' default, QKV and O stay `_matvec`'s tiles through registers (no descriptor)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    llama = compose_single_run(["mode=fused", "model=llama-3.2-1b"]).model
+    for name, _, constants in fused_prefetch.SETS["qkv_o_first"]:
+        products = variant_products(monkeypatch, llama, constants)
+        named = {kind for kind in ("qkv", "o") if re.search(rf"\b{'QKV' if kind == 'qkv' else 'O'}\b.*before", name)}
+        assert {kind for kind, p in products.items() if p.copies_first} == named | {"gate_up", "down", "lm_head"}, name
+        capped = int(re.search(r"wait, (\d) stages?", name)[1]) if re.search(r"wait, \d stage", name) else 4
+        split_tiles = dict(qkv=2 if "2 programs an SM" in name else 4, o=2)
+        assert {kind: p.stages for kind, p in products.items() if kind in named} == {
+            kind: min(capped, split_tiles[kind]) for kind in named}, name
+        large = re.search(r"large products on (\d) stage", name)
+        assert {products[kind].stages for kind in ("gate_up", "down", "lm_head")} == {int(large[1]) if large else 3}
+        assert products["qkv"].splits == (8 if "2 programs an SM" in name else 4), name
+        assert all(products[kind].descriptor is None for kind in {"qkv", "o"} - named), name
+        assert fused_decode.TMA_COPIES_FIRST_SUM_EACH_TILE == ("summed as it is read" in name), name
+        layer = fused_decode.FusedDecoder._o_launch(fused_decode.Layer(None, products["qkv"], None, None, products["o"],
+                                                                       None, products["gate_up"], products["down"]))
+        assert fused_decode.launch_point(layer.o) == fused_decode.AT_WAIT, name
+    rule = variant_products(monkeypatch, llama, {})  # the rule: QKV's and the large products' copies on 2 stages
+    assert {kind: p.stages for kind, p in rule.items() if p.copies_first} == dict(qkv=2, gate_up=2, down=2, lm_head=2)
+    assert rule["o"].descriptor is None
+    measured = {name: constants for name, _, constants in fused_prefetch.SETS["qkv_o_first"]}[
+        "QKV copied before the PDL wait, 2 stages, the large products on 2 stages too"]
+    assert {k: str(p) for k, p in variant_products(monkeypatch, llama, measured).items()} == {
+        k: str(p) for k, p in rule.items()}
+    both = fused_prefetch.SETS["qkv_o_first"][3][2]
+    two_rows = variant_products(monkeypatch, llama, both, rows=2)
+    assert not any(p.copies_first for p in two_rows.values()) and two_rows["qkv"].descriptor is None
 
 
 def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_its_names_say(monkeypatch):

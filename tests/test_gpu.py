@@ -282,7 +282,7 @@ def test_the_large_products_through_tma_where_the_rules_sliced_them_decode_withi
 
 def test_the_large_products_copying_before_their_pdl_wait_decode_within_fp32_fidelity(monkeypatch):
     """TMA_COPIES_BEFORE_WAIT (the rule) on the H200 at bs=1 (the large products' rule brought down to Qwen3-0.6B's 1024 wide):
-    gate/up, down (split, added atomically) and lm_head (normed logits, the position bumped) as
+    gate/up, down (split, added atomically) and lm_head (normed logits, the position bumped), and QKV by the rule, as
     harness/kernels/tma_before_wait.py's Gluon kernel, captured with PDL and verified against fp32; at bs=2 the
     rule's `_matvec_tma` runs them (that kernel computes one row)."""
     from harness.kernels import fused_decode
@@ -292,11 +292,31 @@ def test_the_large_products_copying_before_their_pdl_wait_decode_within_fp32_fid
     result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     plan = result.mode_tags["fused_plan"]
-    assert plan.count(f", TMA {fused_decode.TMA_COPIES_FIRST_STAGES} stages, copied before the wait") == 3, plan
-    assert plan.count(", TMA ") == 3, plan
+    # the large products on their stages, and QKV (the rule's TMA_COPIES_FIRST_SMALL_KINDS) where its stages match
+    assert plan.count(f", TMA {fused_decode.TMA_COPIES_FIRST_STAGES} stages, copied before the wait") == 3 + (
+        fused_decode.TMA_COPIES_FIRST_SMALL_STAGES == fused_decode.TMA_COPIES_FIRST_STAGES), plan
+    copied_first = 3 + len(fused_decode.TMA_COPIES_FIRST_SMALL_KINDS)
+    assert plan.count(", copied before the wait") == plan.count(", TMA ") == copied_first, plan
     two = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1"))
     assert two.failure is None and two.metrics["verified"] == 1.0, two.failure
     assert "copied before" not in two.mode_tags["fused_plan"] and two.mode_tags["fused_plan"].count(", TMA ") == 3
+
+
+@pytest.mark.parametrize("sum_each_tile", [False, True])
+def test_qkv_and_o_copying_before_their_pdl_wait_decode_within_fp32_fidelity(monkeypatch, sum_each_tile):
+    """TMA_COPIES_FIRST_SMALL_KINDS on the H200 at bs=1 (the large products' rule brought down to Qwen3-0.6B's 1024
+    wide): every product of the step as harness/kernels/tma_before_wait.py's Gluon kernel, QKV's split partial sums
+    and squares (the embedding's row at layer 0, written as the residual) and O's atomic adds among them, O letting
+    gate/up launch at its wait; each tile summed as it is read, or at the end; verified against fp32."""
+    from harness.kernels import fused_decode
+
+    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1024)
+    monkeypatch.setattr(fused_decode, "TMA_COPIES_BEFORE_WAIT", True)
+    monkeypatch.setattr(fused_decode, "TMA_COPIES_FIRST_SMALL_KINDS", ("qkv", "o"))
+    monkeypatch.setattr(fused_decode, "TMA_COPIES_FIRST_SUM_EACH_TILE", sum_each_tile)
+    result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
+    assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
+    assert result.mode_tags["fused_plan"].count(", copied before the wait") == 5, result.mode_tags["fused_plan"]
 
 
 def test_a_tuned_fused_step_times_its_candidates_and_is_verified():

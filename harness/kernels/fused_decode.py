@@ -318,10 +318,30 @@ TMA_FIRST_BEFORE_WAIT = False
 # `_matvec_tma` on 4 stages: on 3 stages, Llama-3.2-1B's step at the study's workload 2.3-2.5% faster and Qwen3-1.7B's
 # at bs=1 2.2%; on 4, 0.8% and 0.6% (why 3 beat 4 was not profiled). O letting such a gate/up launch at O's wait
 # (O_AT_WAIT_BEFORE_COPIES_FIRST, not after O's loop) took another 0.5% and 0.8% off (Llama-3.2-1B 3.1% faster in all,
-# Qwen3-1.7B 3.0%); at O's start, 0.2% faster than at its wait on Llama-3.2-1B and 0.2% slower on Qwen3-1.7B
+# Qwen3-1.7B 3.0%); at O's start, 0.2% faster than at its wait on Llama-3.2-1B and 0.2% slower on Qwen3-1.7B.
+# Two stages, not three, with QKV's copies first as well (TMA_COPIES_FIRST_SMALL_KINDS, below): paired on another H100
+# (GPU-4cc38ddd, 2026-12-06; docs/benchmarks.md, "QKV's copies before its PDL wait, on two stages"; `--set
+# qkv_o_first`), the large products on 2 stages alone took 2.1% off Llama-3.2-1B's step at the study's workload and
+# 1.9% off Qwen3-1.7B's at bs=1; on 1 (QKV and O first on 2), 1.4% and 2.7% slower than the rules before (why two
+# stages beat three was not profiled)
 TMA_COPIES_BEFORE_WAIT = True
-TMA_COPIES_FIRST_STAGES = 3
+TMA_COPIES_FIRST_STAGES = 2
 O_AT_WAIT_BEFORE_COPIES_FIRST = True
+# The kinds of product, among QKV and O (tiles through registers by the other rules, each program's first tile loaded
+# before its PDL wait), that run as the Gluon kernel too, in the models and at the rows where the large products do
+# (copies_first), each program copying its split's tiles on TMA_COPIES_FIRST_SMALL_STAGES at most (Llama-3.2-1B's QKV
+# has 4 a program, O 2). Paired on that H100: QKV on 2 stages with the large products on 2 took 2.8% off both steps
+# (Llama-3.2-1B 0.9616 ms against 0.9897 under the rules before; Qwen3-1.7B 2.8%), and 1.6% at contexts 2048 and 1024;
+# QKV on all 4 of its tiles (the large products on 3) 0.6% and 1.2% slower than through registers; O first as well,
+# with the large products on 2, 0.9% and 0.6% slower than QKV alone
+TMA_COPIES_FIRST_SMALL_KINDS: tuple[str, ...] = ("qkv",)
+TMA_COPIES_FIRST_SMALL_STAGES = 2
+# Whether the Gluon kernel sums each tile's products over its columns as it reads the tile (SUM_EACH_TILE), holding
+# a thread's share of the block's sums, not BK times as many to the end: compiled for sm_90 by Triton 3.6, gate/up and
+# lm_head then take 64 registers a thread (not 92) and down 46 (not 71), so four of their programs fit an SM where two
+# did (benchmarks/fused_occupancy.py). Off: paired on that H100 it made both steps 11-13% slower (not profiled: each
+# tile then adds a sum across 16 threads, which the rule does once a split)
+TMA_COPIES_FIRST_SUM_EACH_TILE = False
 # gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
 # (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
 # 64, 192 of 32). Through registers, 32 measured slower (13.2 against 11.1 µs a call, 2026-12-02: blocks_and_splits)
@@ -978,10 +998,12 @@ def launch_product(product: Product, x: torch.Tensor, out: torch.Tensor, rows: i
     name) times its weight into `out`, the norm's gain where given, into the fp32 `residual` where output=ADD, the
     cache position `bump` advanced where given. A pointer the launch does not read may be left out (`out` stands
     in). The step and the benchmarks launch products through this one call."""
-    if product.copies_first:  # one row of the input, a plain one (not an embedding's rows); no residual read
-        tma_before_wait.launch(product.descriptor, product.grid, x, out, gain, bump, n=product.n, k=product.k,
-                               splits=product.splits, stages=product.stages, warps=product.warps, eps=eps,
-                               output=output, pdl=pdl)
+    if product.copies_first:  # one row
+        tma_before_wait.launch(product.descriptor, product.grid, x, out, ids=ids, residual=residual, gain=gain,
+                               squares=squares, bump=bump, n=product.n, k=product.k, splits=product.splits,
+                               stages=product.stages, warps=product.warps, eps=eps, input=input, output=output,
+                               launch_at=launch_point(product), pdl=pdl,
+                               sum_each_tile=TMA_COPIES_FIRST_SUM_EACH_TILE)
         return
     residual, ids, gain_given = out if residual is None else residual, out if ids is None else ids, gain is not None
     gain, squares = out if gain is None else gain, out if squares is None else squares
@@ -1248,26 +1270,29 @@ def plan(weight: torch.Tensor, options: FusedOptions, splittable: bool, rows: in
 def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) -> Product:
     """`product` with a TMA descriptor of its weight where fused.tma applies (16-bit tiles of TMA_KINDS in a model of
     `hidden` size TMA_FROM_HIDDEN wide or wider, or by the large products' rule at `rows` batch rows): [bn, bk] boxes
-    of the packed weight viewed as [tiles * bn, bk], or of the row-major weight."""
+    of the packed weight viewed as [tiles * bn, bk], or of the row-major weight; run as tma_before_wait.py's kernel
+    where copies_first says (the large products, and TMA_COPIES_FIRST_SMALL_KINDS in the models they cover)."""
     element_size = product.weight.element_size()
     large = large_through_tma(product.kind, hidden, options, element_size, rows)
+    small = product.kind in TMA_COPIES_FIRST_SMALL_KINDS and large_rule_model(hidden, options, element_size)
     wide = (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS
             and tma_element_size(element_size))
+    if (large or small) and copies_first(product, rows):
+        split_tiles = triton.cdiv(product.k_tiles, product.splits)
+        stages = TMA_COPIES_FIRST_STAGES if large else min(split_tiles, TMA_COPIES_FIRST_SMALL_STAGES)
+        return replace(product, descriptor=tma_before_wait.descriptor(product.weight, product.bn, product.bk),
+                       stages=TMA_STAGES_OF.get(product.kind, stages), copies_first=True)
     if not (wide or large):
         return product
-    if large and copies_first(product, rows):
-        return replace(product, descriptor=tma_before_wait.descriptor(product.weight, product.bn, product.bk),
-                       stages=TMA_STAGES_OF.get(product.kind, TMA_COPIES_FIRST_STAGES), copies_first=True)
     stages = TMA_STAGES_OF.get(product.kind, TMA_LARGE_STAGES if large else tma_stages(product))
     boxed = product.weight.view(-1, product.bk) if product.packed else product.weight
     return replace(product, descriptor=TensorDescriptor.from_tensor(boxed, [product.bn, product.bk]), stages=stages)
 
 
 def copies_first(product: Product, rows: int) -> bool:
-    """Whether a large product streamed through TMA runs as tma_before_wait.py's kernel, its copies started before
-    its PDL wait: TMA_COPIES_BEFORE_WAIT, one row, weights packed tile-major, on a GPU (Gluon does not run in
-    Triton's interpreter), and a kind whose input and output that kernel takes (not TMA_LARGE_KINDS, which a
-    benchmark's variant may widen to QKV and O)."""
+    """Whether a product the large products' rule (or TMA_COPIES_FIRST_SMALL_KINDS) takes runs as
+    tma_before_wait.py's kernel, its copies started before its PDL wait: TMA_COPIES_BEFORE_WAIT, one row, weights
+    packed tile-major, on a GPU (Gluon does not run in Triton's interpreter)."""
     return (TMA_COPIES_BEFORE_WAIT and rows == 1 and product.packed and not interpreted()
             and product.kind in tma_before_wait.KINDS)
 

@@ -7,11 +7,11 @@ in Triton's language is lowered as a copy and a wait on its barrier at once, whi
 explicit shared memory and barriers) lets each program start all its stages' copies, wait for the kernel before
 only then, and read the input (which that kernel wrote) after it.
 
-One row (bs=1), weights packed tile-major (fused_decode.pack), products that keep the whole K or add their split's
-sums atomically: gate/up (SwiGLU), down (added to the residual) and lm_head (logits). On CUDA cores: a row leaves
-the tensor cores 1/16 used, and a tile is 32 multiply-adds a thread. Gluon runs on the GPU only (not in Triton's
-interpreter): the CPU suite compiles it for sm_90 and checks the order of its copies and its wait; the GPU suite
-checks what it computes.
+One row (bs=1), weights packed tile-major (fused_decode.pack), any of a step's products: QKV (its split's partial
+sums and squares, the embedding's row its input at layer 0), O and down (added to the residual, atomically where K
+is split), gate/up (SwiGLU) and lm_head (logits). On CUDA cores: a row leaves the tensor cores 1/16 used, and a tile
+is 32 multiply-adds a thread. Gluon runs on the GPU only (not in Triton's interpreter): the CPU suite compiles it for
+sm_90 and checks the order of its copies and its wait; the GPU suite checks what it computes.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 GluonASTSource = getattr(gluon, "GluonASTSource", None) or gluon_runtime.GluonASTSource
 _copy_tile = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _all_threads = getattr(gl, "thread_barrier", None) or gl.barrier
-KINDS = ("gate_up", "down", "lm_head")  # the products whose input and output it takes (SwiGLU, ADD, LOGITS)
+KINDS = ("qkv", "o", "gate_up", "down", "lm_head")  # the products whose input and output it takes (all a step has)
 GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
@@ -38,13 +38,17 @@ def _grid_dependency(instruction: gl.constexpr):
 
 
 @gluon.jit
-def _input_columns(X, Gain, k_first, tile, tiles, k_total, NORM: gl.constexpr, BK: gl.constexpr,
-                   layout: gl.constexpr):
+def _input_columns(X, ResOut, Gain, k_first, tile, tiles, k_total, pid_n, NORM: gl.constexpr, EMBEDDING: gl.constexpr,
+                   BK: gl.constexpr, layout: gl.constexpr):
     """The input row's columns of the split's `tile` (zeros past the split or K) in fp32, and the same times the
-    norm's gain where NORM."""
+    norm's gain where NORM. EMBEDDING: X is the embedding's row of the input id, the residual stream's first value,
+    which the first column block writes to ResOut."""
     k = k_first + tile * BK + gl.arange(0, BK, layout=layout)
     inside = (k < k_total) & (tile < tiles)
     x = gl.load(X + k, mask=inside, other=0.0).to(gl.float32)
+    if EMBEDDING:
+        if pid_n == 0:
+            gl.store(ResOut + k, x, mask=inside)
     if NORM:
         return x, x * gl.load(Gain + k, mask=inside, other=0.0).to(gl.float32)
     return x, x
@@ -67,63 +71,111 @@ def _start_copies(Wdesc, weights, ready, first_tile, tiles, STAGES: gl.constexpr
 
 
 @gluon.jit
-def _matvec_copies_first(X, Gain, Wdesc, Out, Bump, k_total, n_total, out_cols, k_per_split, k_tiles, eps,
-                         NORM: gl.constexpr, OUTPUT: gl.constexpr, SPLITS: gl.constexpr, BUMP: gl.constexpr,
-                         BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_TILES: gl.constexpr,
-                         PDL: gl.constexpr):
+def _launch_dependents(PDL: gl.constexpr, HERE: gl.constexpr):
+    """PDL's early launch of the next kernel, where this is the point its launch constant names."""
+    if PDL:
+        if HERE:
+            _grid_dependency("griddepcontrol.launch_dependents;")
+
+
+@gluon.jit
+def _matvec_copies_first(X, Ids, ResOut, Gain, Wdesc, Out, SquaresOut, Bump, k_total, n_total, out_cols, k_per_split,
+                         k_tiles, eps, INPUT: gl.constexpr, NORM: gl.constexpr, OUTPUT: gl.constexpr,
+                         SPLITS: gl.constexpr, BUMP: gl.constexpr, LAUNCH: gl.constexpr, BN: gl.constexpr,
+                         BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_TILES: gl.constexpr, PDL: gl.constexpr,
+                         SUM_EACH_TILE: gl.constexpr = False):
     """out = norm?(x) @ W.T for one row, one block of BN output columns (program id 0) and one K split (id 1): the
-    split's first STAGES tiles copied before the PDL wait, each stage copied again once every warp has read it."""
-    tile_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])  # 16 bytes a thread
-    columns: gl.constexpr = gl.SliceLayout(0, tile_layout)
-    HALF: gl.constexpr = BN // 2
+    split's first STAGES tiles copied before the PDL wait, each stage copied again once every warp has read it; the
+    next kernel let launch where LAUNCH says (fused_decode.launch_point). INPUT, OUTPUT and LAUNCH are numbered as
+    fused_decode's (PLAIN, EMBEDDING; PARTIALS, SWIGLU, LOGITS, ADD; AT_WAIT, AFTER_LOOP, AT_END, AT_START)."""
     pid_n, pid_k = gl.program_id(0), gl.program_id(1)
     first_tile = pid_n * k_tiles + pid_k * SPLIT_TILES
     tiles = gl.minimum(SPLIT_TILES, k_tiles - pid_k * SPLIT_TILES)
+    _launch_dependents(PDL, LAUNCH == 3)  # AT_START
     weights = gl.allocate_shared_memory(Wdesc.dtype, [STAGES, BN, BK], Wdesc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     _start_copies(Wdesc, weights, ready, first_tile, tiles, STAGES, BN)  # the weights need no kernel before
     if PDL:
         _grid_dependency("griddepcontrol.wait;")
-    k_first = pid_k * k_per_split
-    x, xg = _input_columns(X, Gain, k_first, 0, tiles, k_total, NORM, BK, columns)
+    _launch_dependents(PDL, LAUNCH == 0)  # AT_WAIT
+    if INPUT == 1:  # EMBEDDING: X is the table, its row the input id's (read after the wait, as the input is)
+        X = X + gl.load(Ids).to(gl.int64) * k_total
+    first, second, squares = _stages_read(X, ResOut, Gain, Wdesc, weights, ready, first_tile, tiles,
+                                          pid_k * k_per_split, k_total, pid_n, NORM, INPUT == 1, BN, BK, STAGES,
+                                          SUM_EACH_TILE)
+    _launch_dependents(PDL, LAUNCH == 1)  # AFTER_LOOP
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+    if not SUM_EACH_TILE:
+        first, second = gl.sum(first, 1), gl.sum(second, 1)
+    _store(first, second, gl.sum(squares, 0), Out, SquaresOut, Bump, pid_n, pid_k, k_total, n_total, out_cols, eps,
+           NORM, OUTPUT, SPLITS, BUMP, BN)
+    _launch_dependents(PDL, LAUNCH == 2)  # AT_END
+
+
+@gluon.jit
+def _stages_read(X, ResOut, Gain, Wdesc, weights, ready, first_tile, tiles, k_first, k_total, pid_n,
+                 NORM: gl.constexpr, EMBEDDING: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                 STAGES: gl.constexpr, SUM_EACH_TILE: gl.constexpr):
+    """The split's products, each stage's tile as its copy lands, the stage copied again once every warp has read it:
+    the products of the tile's first and second half of rows (gate/up: gate's, then up's) [BN / 2, BK] a half,
+    summed over the tile's columns only at the end, or [BN / 2] where SUM_EACH_TILE (a thread's share of BN sums, not
+    BK times as many: 64 registers a thread where 92); and the input's squares [BK]."""
+    tile_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])  # 16 bytes a thread
+    columns: gl.constexpr = gl.SliceLayout(0, tile_layout)
+    HALF: gl.constexpr = BN // 2
+    x, xg = _input_columns(X, ResOut, Gain, k_first, 0, tiles, k_total, pid_n, NORM, EMBEDDING, BK, columns)
     squares = gl.zeros([BK], gl.float32, columns)
-    first = gl.zeros([HALF, BK], gl.float32, tile_layout)  # gate/up: gate's rows of the tile; else its first half
-    second = gl.zeros([HALF, BK], gl.float32, tile_layout)
+    if SUM_EACH_TILE:
+        first = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, tile_layout))
+        second = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, tile_layout))
+    else:
+        first = gl.zeros([HALF, BK], gl.float32, tile_layout)
+        second = gl.zeros([HALF, BK], gl.float32, tile_layout)
     for i in range(tiles):
-        x_next, xg_next = _input_columns(X, Gain, k_first, i + 1, tiles, k_total, NORM, BK, columns)
+        x_next, xg_next = _input_columns(X, ResOut, Gain, k_first, i + 1, tiles, k_total, pid_n, NORM, EMBEDDING, BK,
+                                         columns)
         stage = i % STAGES
         mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
         tile = weights.index(stage)
-        first += tile.slice(0, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
-        second += tile.slice(HALF, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
+        first_products = tile.slice(0, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
+        second_products = tile.slice(HALF, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
+        if SUM_EACH_TILE:
+            first += gl.sum(first_products, 1)
+            second += gl.sum(second_products, 1)
+        else:
+            first += first_products
+            second += second_products
         squares += x * x
         _all_threads()  # every warp has read the stage before it is copied over, and those reads are ordered
         fence_async_shared()  # before the copy engine's write
         _copy_stage(Wdesc, weights, ready, stage, first_tile + i + STAGES, i + STAGES < tiles, BN)
         x, xg = x_next, xg_next
-    if PDL:
-        _grid_dependency("griddepcontrol.launch_dependents;")
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-    _store(gl.sum(first, 1), gl.sum(second, 1), gl.sum(squares, 0), Out, Bump, pid_n, pid_k, k_total, n_total,
-           out_cols, eps, NORM, OUTPUT, SPLITS, BUMP, BN)
+    return first, second, squares
 
 
 @gluon.jit
-def _store(first, second, squares, Out, Bump, pid_n, pid_k, k_total, n_total, out_cols, eps, NORM: gl.constexpr,
-           OUTPUT: gl.constexpr, SPLITS: gl.constexpr, BUMP: gl.constexpr, BN: gl.constexpr):
-    """The block's sums, its first and second half of columns: SwiGLU's activations (gate's half, then up's), the
-    logits, or added to the residual (atomically where K is split)."""
+def _store(first, second, squares, Out, SquaresOut, Bump, pid_n, pid_k, k_total, n_total, out_cols, eps,
+           NORM: gl.constexpr, OUTPUT: gl.constexpr, SPLITS: gl.constexpr, BUMP: gl.constexpr, BN: gl.constexpr):
+    """The block's sums, its first and second half of columns: the split's partial sums (and, normed, the squares of
+    its columns of the input, for the consumer's norm), SwiGLU's activations (gate's half, then up's), the logits, or
+    added to the residual (atomically where K is split)."""
     HALF: gl.constexpr = BN // 2
-    if NORM:  # the whole K in this program: the norm's 1/rms is known here
+    if NORM and OUTPUT != 0:  # the whole K in this program: the norm's 1/rms is known here
         inv_rms = gl.rsqrt(squares / k_total + eps)
         first, second = first * inv_rms, second * inv_rms
     j = gl.arange(0, HALF, layout=first.type.layout)
-    if OUTPUT == 1:  # SWIGLU
+    n = pid_n * BN + j
+    if OUTPUT == 0:  # PARTIALS [SPLITS, 1, n]
+        gl.store(Out + pid_k * n_total + n, first, mask=n < n_total)
+        gl.store(Out + pid_k * n_total + n + HALF, second, mask=n + HALF < n_total)
+        if NORM:
+            if pid_n == 0:
+                gl.store(SquaresOut + pid_k, squares)
+    elif OUTPUT == 1:  # SWIGLU
         out = pid_n * HALF + j
         gl.store(Out + out, (first / (1.0 + gl.exp(-first)) * second).to(Out.dtype.element_ty), mask=out < out_cols)
-    n = pid_n * BN + j
-    if OUTPUT == 2:  # LOGITS
+    elif OUTPUT == 2:  # LOGITS
         gl.store(Out + n, first, mask=n < n_total)
         gl.store(Out + n + HALF, second, mask=n + HALF < n_total)
     elif OUTPUT == 3:  # ADD, each split's sums
@@ -145,25 +197,30 @@ def descriptor(packed: torch.Tensor, bn: int, bk: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(packed.view(-1, bk), [bn, bk], layout)
 
 
-def launch_arguments(bn: int, bk: int, n: int, k: int, splits: int, stages: int, out_cols: int, *, norm: bool,
-                     bump: bool, output: int, pdl: bool) -> tuple[dict, dict]:
+def launch_arguments(bn: int, bk: int, n: int, k: int, splits: int, stages: int, out_cols: int, *, input: int,
+                     norm: bool, bump: bool, output: int, launch: int, pdl: bool,
+                     sum_each_tile: bool = False) -> tuple[dict, dict]:
     """The integers `_matvec_copies_first` takes after its pointers (by name, in order) and its compile-time
     constants, for an n x k product in `splits` K splits of whole tiles (launch's; benchmarks/fused_occupancy.py
     compiles the same)."""
     k_tiles = -(-k // bk)
     split_tiles = -(-k_tiles // splits)  # a split is whole tiles: its first is a packed tile's first column
     sizes = dict(k_total=k, n_total=n, out_cols=out_cols, k_per_split=split_tiles * bk, k_tiles=k_tiles)
-    return sizes, dict(NORM=norm, OUTPUT=output, SPLITS=splits, BUMP=bump, BN=bn, BK=bk, STAGES=stages,
-                       SPLIT_TILES=split_tiles, PDL=pdl)
+    return sizes, dict(INPUT=input, NORM=norm, OUTPUT=output, SPLITS=splits, BUMP=bump, LAUNCH=launch, BN=bn, BK=bk,
+                       STAGES=stages, SPLIT_TILES=split_tiles, PDL=pdl, SUM_EACH_TILE=sum_each_tile)
 
 
-def launch(descriptor: TensorDescriptor, grid: tuple[int, int], x: torch.Tensor, out: torch.Tensor, gain, bump, *,
-           n: int, k: int, splits: int, stages: int, warps: int, eps: float, output: int, pdl: bool) -> None:
-    """One launch over `grid` (column blocks, K splits): x [1, k] (normed by `gain` where given) times the weight
-    into `out` as `output` says, the cache position `bump` advanced where given. A pointer not read may be any
-    tensor (`out` stands in)."""
-    sizes, constants = launch_arguments(*descriptor.block_shape, n, k, splits, stages, out.shape[-1],
-                                        norm=gain is not None, bump=bump is not None, output=output, pdl=pdl)
-    _matvec_copies_first[grid](x, out if gain is None else gain, descriptor, out, out if bump is None else bump,
-                               *sizes.values(), eps, **constants, num_warps=warps,
-                               **(dict(launch_pdl=True) if pdl else {}))
+def launch(descriptor: TensorDescriptor, grid: tuple[int, int], x: torch.Tensor, out: torch.Tensor, *, ids, residual,
+           gain, squares, bump, n: int, k: int, splits: int, stages: int, warps: int, eps: float, input: int,
+           output: int, launch_at: int, pdl: bool, sum_each_tile: bool = False) -> None:
+    """One launch over `grid` (column blocks, K splits): x [1, k] (input=EMBEDDING: the row of the table x that
+    `ids` names, written to `residual`; normed by `gain` where given) times the weight into `out` as `output` says
+    (the squares of the input's columns into `squares`, where partial sums are normed), the cache position `bump`
+    advanced where given, the next kernel let launch at `launch_at`. A pointer not read may be any tensor (`out`
+    stands in)."""
+    sizes, constants = launch_arguments(*descriptor.block_shape, n, k, splits, stages, out.shape[-1], input=input,
+                                        norm=gain is not None, bump=bump is not None, output=output, launch=launch_at,
+                                        pdl=pdl, sum_each_tile=sum_each_tile)
+    ids, residual, gain, squares, bump = (out if p is None else p for p in (ids, residual, gain, squares, bump))
+    _matvec_copies_first[grid](x, ids, residual, gain, descriptor, out, squares, bump, *sizes.values(), eps,
+                               **constants, num_warps=warps, **(dict(launch_pdl=True) if pdl else {}))
