@@ -146,10 +146,12 @@ def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave
     assert (llama_gate_up.grid[0], llama_gate_up.stages) == (448, 2)
     assert planned(4096, 4096, "o", options=FusedOptions(tma=False)).descriptor is None
     assert planned(4096, 4096, "o", hidden=wide // 2).descriptor is None
-    # Qwen3-4B (2560 wide: every product tiles) streams; Qwen3-1.7B and Llama-3.2-1B (2048) keep the registers
+    # Qwen3-4B (2560 wide: every product tiles) streams; Qwen3-1.7B and Llama-3.2-1B (2048) keep the registers for
+    # QKV from two rows (at one, QKV copies its tiles first: tma_before_wait.py's kernel, TMA_COPIES_FIRST_SMALL_KINDS)
     qwen3_4b = fused_decode.plan_swiglu(weight(9728, 2560), weight(9728, 2560), options, 1, 2560)
     assert (qwen3_4b.grid, qwen3_4b.stages, qwen3_4b.descriptor is not None) == ((304, 1), 3, True)
-    assert planned(4096, 2048, "qkv", hidden=2048).descriptor is None
+    assert fused_decode.plan(weight(4096, 2048), options, True, 2, 2048, kind="qkv").descriptor is None
+    assert planned(4096, 2048, "qkv", hidden=2048).copies_first
     fp32 = fused_decode.plan(torch.empty(4096, 4096, device="meta"), options, True, 1, wide, kind="o")
     assert fp32.descriptor is None  # an fp32 run's weights keep the registers on a GPU
 
