@@ -439,7 +439,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "width": WIDTH_VARIANTS, "study": STUDY_VARIANTS, "big_tma": as_measured(BIG_TMA_VARIANTS),
         "large_stages": as_measured(LARGE_STAGES_VARIANTS), "tma_first": as_measured(TMA_FIRST_VARIANTS),
         "large_tiles": as_measured(LARGE_TILES_VARIANTS), "qkv_splits": as_measured(QKV_SPLITS_VARIANTS),
-        "attention_warps": ATTENTION_WARPS_VARIANTS, "copies_first": as_measured(COPIES_FIRST_VARIANTS, BEFORE_QKV_FIRST),
+        "attention_warps": ATTENTION_WARPS_VARIANTS,
+        "copies_first": as_measured(COPIES_FIRST_VARIANTS, BEFORE_QKV_FIRST),
         "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST)}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran

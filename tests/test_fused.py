@@ -1164,8 +1164,9 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_on_a_g
     """TMA_COPIES_BEFORE_WAIT plans Llama-3.2-1B's gate/up, down and lm_head (and no other product) as the Gluon
     kernel at one row with packed weights, on a GPU's plan only: at two rows (the kernel computes one), with
     row-major weights (its tiles are packed ones), or in Triton's interpreter (which runs no Gluon) they stay
-    `_matvec_tma`'s; QKV and O take it only where a variant widens the rule to them; O lets such a gate/up launch at
-    O's PDL wait, and another at O's rule (after its loop). Each
+    `_matvec_tma`'s; QKV and O take it only where a variant names them (this set plans as it ran, before QKV's
+    copies came first), and every kind where the rule is widened to them; O lets such a gate/up launch at O's PDL
+    wait, and another at O's rule (after its loop). Each
     variant of `--set copies_first` sets the rule, the stages and where O lets gate/up launch as its name says; the
     sets measured before the rule plan as they ran (`_matvec_tma` on 4 stages)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -1205,8 +1206,9 @@ def test_the_qkv_o_first_set_copies_the_kinds_it_names_before_their_wait_all_the
     """benchmarks/fused_prefetch.py --set qkv_o_first on Llama-3.2-1B at one row: QKV and O run as the Gluon kernel
     where a variant names them (TMA_COPIES_FIRST_SMALL_KINDS), each program's stages its split's tiles (QKV 4 of 16
     in 4 splits, 2 in 8; O 2 in 8), or fewer where the variant caps them; the large products keep the 3 stages of
-    the rules before, or the stages the variant names; O lets gate/up launch at its wait as the rule says; each tile summed as it is read where the name says.
-    At two rows, or in the rules' default, QKV and O stay `_matvec`'s tiles through registers (no descriptor)."""
+    the rules before, or the stages the variant names; O lets gate/up launch at its wait as the rule says; each tile
+    is summed as it is read where the name says. The rule plans as the variant measured as it (QKV's and the large
+    products' copies on 2 stages); at two rows QKV and O stay `_matvec`'s tiles through registers (no descriptor)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import fused_prefetch
 
@@ -1220,7 +1222,8 @@ def test_the_qkv_o_first_set_copies_the_kinds_it_names_before_their_wait_all_the
         assert {kind: p.stages for kind, p in products.items() if kind in named} == {
             kind: min(capped, split_tiles[kind]) for kind in named}, name
         large = re.search(r"large products on (\d) stage", name)
-        assert {products[kind].stages for kind in ("gate_up", "down", "lm_head")} == {int(large[1]) if large else 3}
+        assert {products[kind].stages for kind in ("gate_up", "down", "lm_head")} == {int(large[1]) if large else 3}, \
+            name
         assert products["qkv"].splits == (8 if "2 programs an SM" in name else 4), name
         assert all(products[kind].descriptor is None for kind in {"qkv", "o"} - named), name
         assert fused_decode.TMA_COPIES_FIRST_SUM_EACH_TILE == ("summed as it is read" in name), name
