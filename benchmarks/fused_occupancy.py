@@ -114,13 +114,7 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
         constants.update(STAGES=product.stages, FIRST=fused_decode.TMA_FIRST_BEFORE_WAIT)
         types["Wdesc"] = mangle_type(product.descriptor)
     sizes = {name: value for name, value in launch_sizes(kind, product, rows).items() if name in kernel.arg_names}
-    ones, aligned = specialised(sizes)
-    constants.update(ones)
-    signature = {**types, **dict.fromkeys(sizes, "i32"), **dict.fromkeys(constants, "constexpr")}
-    names = kernel.arg_names
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
-                              options=dict(num_warps=warps))
+    compiled = compiled_for_sm90(ASTSource, kernel, types, sizes, constants, warps)
     ptx = compiled.asm["ptx"]
     before_wait = ptx[:ptx.find("griddepcontrol.wait")] if pdl else ptx
     wide_loads = len(re.findall(r"ld\.global[.\w]*\.v4\.(?:b32|u32|f32)", before_wait))
@@ -136,17 +130,21 @@ def copies_first_resources(kind: str, product: fused_decode.Product, rows: int, 
                                                         input=fused_decode.PLAIN, norm=norm, bump=bump, output=output,
                                                         launch=fused_decode.launch_point(product), pdl=pdl,
                                                         sum_each_tile=fused_decode.TMA_COPIES_FIRST_SUM_EACH_TILE)
-    kernel = tma_before_wait._matvec_copies_first
-    ones, aligned = specialised(sizes)
-    constants.update(ones)
-    types = {**POINTERS, "X": x, "Wdesc": mangle_type(product.descriptor), "Out": out, "eps": "fp32",
-             **dict.fromkeys(sizes, "i32"), **dict.fromkeys(constants, "constexpr")}
-    signature = {name: types[name] for name in kernel.arg_names}
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned
-             if name in kernel.arg_names and signature[name] != "constexpr"}
-    compiled = triton.compile(tma_before_wait.GluonASTSource(kernel, signature, constants, attrs=attrs), target=SM90,
-                              options=dict(num_warps=product.warps))
+    types = {**POINTERS, "X": x, "Wdesc": mangle_type(product.descriptor), "Out": out, "eps": "fp32"}
+    compiled = compiled_for_sm90(tma_before_wait.GluonASTSource, tma_before_wait._matvec_copies_first, types, sizes,
+                                 constants, product.warps)
     return cubin_registers(compiled), compiled.metadata.shared, 0
+
+
+def compiled_for_sm90(source, kernel, types: dict, sizes: dict[str, int], constants: dict, warps: int):
+    """`kernel` compiled for sm_90 through `source` (Triton's ASTSource, or Gluon's): `types` the types of its
+    pointers (those it takes) and floats, its integers `sizes` specialised as the JIT specialises a launch's."""
+    ones, aligned = specialised(sizes)
+    constants = {**constants, **ones}
+    every = {**types, **dict.fromkeys(sizes, "i32"), **dict.fromkeys(constants, "constexpr")}
+    signature = {name: every[name] for name in kernel.arg_names}
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned if name in kernel.arg_names}
+    return triton.compile(source(kernel, signature, constants, attrs=attrs), target=SM90, options=dict(num_warps=warps))
 
 
 def cubin_registers(compiled) -> int:
@@ -167,13 +165,13 @@ def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list
         registers, shared, wide_loads = resources(kind, product, rows)
         per_sm = programs_an_sm(registers, product.warps, shared)
         at_once = min(programs, per_sm * fused_decode.SMS)
-        # a tile or slice loaded before the wait; TMA's copies come after it (the descriptor's loads, in its loop)
-        # (tma_before_wait.py's programs copy their stages' tiles before it)
-        first_bytes = (0 if product.descriptor is not None
-                       else product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2)
-        if product.copies_first:
+        if product.copies_first:  # tma_before_wait.py's programs copy their stages' tiles before the wait
             first_bytes = product.bn * product.bk * 2 * min(product.stages,
                                                             triton.cdiv(product.k_tiles, product.splits))
+        elif product.descriptor is not None:  # `_matvec_tma`'s copies come after it (its loop's)
+            first_bytes = 0
+        else:  # a tile or slice loaded before the wait
+            first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2
         table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
                           wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
                           wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))
