@@ -358,8 +358,8 @@ QKV_SPLITS_VARIANTS = [("the rules (QKV for 1 program an SM at bs=1)", [], {}),
                        ("the rules before (QKV for 2 programs an SM)", [], dict(QKV_ONE_AN_SM_MAX_ROWS=0)),
                        ("QKV for 1 program an SM at every batch size", [], dict(QKV_ONE_AN_SM_MAX_ROWS=1 << 30))]
 # `--set copies_first`: the large products (a model 2048 wide, one row) as harness/kernels/tma_before_wait.py's Gluon
-# kernel, every program's stages copied before its PDL wait (the rule since, on 3 stages, O letting gate/up launch at
-# O's wait: TMA_COPIES_BEFORE_WAIT, O_AT_WAIT_BEFORE_COPIES_FIRST),
+# kernel, every program's stages copied before its PDL wait (the rule then, on 3 stages, O letting gate/up launch at
+# O's wait: TMA_COPIES_BEFORE_WAIT, O_AT_WAIT_BEFORE_COPIES_FIRST; on 2 since, with QKV's copies first: qkv_o_first),
 # against `_matvec_tma`, which issues them after it (tma_first's copy before the wait was a copy and a wait at once).
 # Profiled with PDL on an H100 (GPU-ad63b242, 2026-12-06), `_matvec_tma`'s gate/up started only 0.36 us before O
 # ended: O lets it launch after O's loop. Hence also O letting gate/up launch at O's wait or start. Measured
@@ -380,7 +380,7 @@ COPIES_FIRST_VARIANTS = [("the rules before (the copies after the wait)", [], BE
                           dict(BEFORE_COPIES_FIRST, **O_AT_START)),
                          ("the copies before the PDL wait (Gluon), 3 stages", [], O_AFTER_LOOP),
                          ("the copies before the PDL wait (Gluon), 3 stages, O launching gate/up at its wait (the "
-                          "rule)", [], {}),
+                          "rule then)", [], {}),
                          ("the copies before the PDL wait (Gluon), 3 stages, O launching gate/up at its start", [],
                           O_AT_START)]
 
@@ -388,7 +388,9 @@ COPIES_FIRST_VARIANTS = [("the rules before (the copies after the wait)", [], BE
 # `--set qkv_o_first`: QKV and O (Llama-3.2-1B's and Qwen3-1.7B's tiles through registers, a tile of each program's
 # split loaded before the PDL wait) as the same Gluon kernel, all their split's tiles copied before the wait
 # (TMA_COPIES_FIRST_SMALL_KINDS): on the H100's PDL path QKV ran at 1.7 TB/s where gate/up ran at 2.6. And the kernel
-# summing each tile as it reads it (TMA_COPIES_FIRST_SUM_EACH_TILE), twice its programs an SM
+# summing each tile as it reads it (TMA_COPIES_FIRST_SUM_EACH_TILE), twice its programs an SM. Measured on an H100
+# (GPU-4cc38ddd, 2026-12-06): QKV on 2 stages with the large products on 2 the fastest, 2.8% on both models (the rule
+# since); O first, and each tile summed, slower
 QKV_O = ("qkv", "o")
 # the rules before QKV's copies came first: QKV through registers, the large products' copies on 3 stages
 BEFORE_QKV_FIRST = dict(TMA_COPIES_FIRST_SMALL_KINDS=(), TMA_COPIES_FIRST_STAGES=3, TMA_COPIES_FIRST_SMALL_STAGES=4)
@@ -400,7 +402,7 @@ QKV_O_FIRST_VARIANTS = [("the rules before (QKV and O through registers)", [], {
                          dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, QKV_ONE_AN_SM_MAX_ROWS=0)),
                         ("QKV and O copied before the PDL wait, 2 stages", [],
                          dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SMALL_STAGES=2)),
-                        ("the rules, each tile summed as it is read (64 registers, not 92)", [],
+                        ("the rules before, each tile summed as it is read (64 registers, not 92)", [],
                          dict(TMA_COPIES_FIRST_SUM_EACH_TILE=True)),
                         ("QKV and O copied before the PDL wait, each tile summed as it is read", [],
                          dict(TMA_COPIES_FIRST_SMALL_KINDS=QKV_O, TMA_COPIES_FIRST_SUM_EACH_TILE=True)),
