@@ -12,6 +12,7 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
                                                                     # flight
     python benchmarks/fused_prefetch.py --set copies_first model=...  # the large products' copies before the wait
     python benchmarks/fused_prefetch.py --set qkv_o_first model=...  # QKV's and O's copies before the wait too
+    python benchmarks/fused_prefetch.py --set copies_first_reach model=...  # that rule at 1024 and 4096 wide; its warps
     python benchmarks/fused_prefetch.py --set merge model=...       # chunks the folded attention merges a load
     python benchmarks/fused_prefetch.py --set loop model=...        # weight tiles in flight in a product's loop
     python benchmarks/fused_prefetch.py --set chunks model=...      # the attention's chunks: how many programs
@@ -392,8 +393,11 @@ COPIES_FIRST_VARIANTS = [("the rules before (the copies after the wait)", [], BE
 # (GPU-4cc38ddd, 2026-12-06): QKV on 2 stages with the large products on 2 the fastest, 2.8% on both models (the rule
 # since); O first, and each tile summed, slower
 QKV_O = ("qkv", "o")
+# the rules before the copies-first rule reached every width at one row (2048 wide alone, on 8 warps)
+BEFORE_REACH = dict(COPIES_FIRST_FROM_HIDDEN=1 << 30, TMA_COPIES_FIRST_WARPS=0)
 # the rules before QKV's copies came first: QKV through registers, the large products' copies on 3 stages
-BEFORE_QKV_FIRST = dict(TMA_COPIES_FIRST_SMALL_KINDS=(), TMA_COPIES_FIRST_STAGES=3, TMA_COPIES_FIRST_SMALL_STAGES=4)
+BEFORE_QKV_FIRST = dict(BEFORE_REACH, TMA_COPIES_FIRST_SMALL_KINDS=(), TMA_COPIES_FIRST_STAGES=3,
+                        TMA_COPIES_FIRST_SMALL_STAGES=4)
 QKV_O_FIRST_VARIANTS = [("the rules before (QKV and O through registers)", [], {}),
                         ("QKV copied before the PDL wait (Gluon)", [], dict(TMA_COPIES_FIRST_SMALL_KINDS=("qkv",))),
                         ("O copied before the PDL wait (Gluon)", [], dict(TMA_COPIES_FIRST_SMALL_KINDS=("o",))),
@@ -425,6 +429,44 @@ QKV_O_FIRST_VARIANTS = [("the rules before (QKV and O through registers)", [], {
                               TMA_COPIES_FIRST_STAGES=1))]
 
 
+# `--set copies_first_reach`: the copies-first rule (the large products and QKV as the Gluon kernel on 2 stages, a
+# model 2048 wide at one row) where it does not reach: a model 1024 wide (Qwen3-0.6B, whose large products the rules
+# slice: gate/up in 96 programs of 64 columns or 192 of 32), and the 8B models (4096 wide, every product `_matvec_tma`
+# on 2-3 stages, copied after the wait), O then the kernel too, as it has no other TMA path there; and in the models it
+# reaches, the kernel on 4 warps (not 8), and O letting gate/up launch after its loop (not at its wait) now that QKV's
+# copies come first
+FROM_1024 = dict(TMA_LARGE_FROM_HIDDEN=1024)
+EVERY_WIDTH = dict(TMA_FROM_HIDDEN=1 << 30, TMA_COPIES_FIRST_SMALL_KINDS=QKV_O)
+NARROW_GATE_UP = dict(FROM_1024, GATE_UP_TILE_COLUMNS=32)
+NARROW_GATE_UP_QKV_TWO = dict(NARROW_GATE_UP, QKV_ONE_AN_SM_MAX_ROWS=0)
+REACH_VARIANTS = [("the rules before", [], {}),
+                  ("from 1024 wide: the large products and QKV copied before the PDL wait", [], FROM_1024),
+                  ("from 1024 wide, gate/up in 32-column blocks", [], NARROW_GATE_UP),
+                  ("from 1024 wide, gate/up in 32-column blocks, every split's tiles copied before the wait "
+                   "(lm_head's 2)", [], dict(FROM_1024, GATE_UP_TILE_COLUMNS=32, TMA_COPIES_FIRST_STAGES=8,
+                                            TMA_STAGES_OF={"lm_head": 2, "down": 3})),  # (down's 3 a split)
+                  ("from 1024 wide, QKV for 2 programs an SM", [], dict(FROM_1024, QKV_ONE_AN_SM_MAX_ROWS=0)),
+                  ("from 1024 wide, the large products alone copied before the PDL wait", [],
+                   dict(FROM_1024, TMA_COPIES_FIRST_SMALL_KINDS=())),
+                  ("from 1024 wide, QKV alone copied before the PDL wait", [], dict(FROM_1024, TMA_LARGE_KINDS=())),
+                  ("the copies-first kernel on 4 warps", [], dict(TMA_COPIES_FIRST_WARPS=4)),
+                  ("O letting gate/up launch after its loop", [], dict(O_AT_WAIT_BEFORE_COPIES_FIRST=False)),
+                  ("at every width: each product copied before the PDL wait, O too", [], EVERY_WIDTH),
+                  ("at every width, QKV for 2 programs an SM", [], dict(EVERY_WIDTH, QKV_ONE_AN_SM_MAX_ROWS=0)),
+                  ("at every width, on 4 warps", [], dict(EVERY_WIDTH, TMA_COPIES_FIRST_WARPS=4)),
+                  ("at every width, on 3 stages", [],
+                   dict(EVERY_WIDTH, TMA_COPIES_FIRST_STAGES=3, TMA_COPIES_FIRST_SMALL_STAGES=3)),
+                  ("from 1024 wide, gate/up in 32-column blocks, QKV for 2 programs an SM", [], NARROW_GATE_UP_QKV_TWO),
+                  ("from 1024 wide, gate/up in 32-column blocks, on 4 warps", [],
+                   dict(NARROW_GATE_UP, TMA_COPIES_FIRST_WARPS=4)),
+                  ("from 1024 wide, gate/up in 32-column blocks, QKV for 2 programs an SM, on 4 warps", [],
+                   dict(NARROW_GATE_UP_QKV_TWO, TMA_COPIES_FIRST_WARPS=4)),
+                  ("from 1024 wide, gate/up in 32-column blocks, QKV for 2 programs an SM, 3 stages", [],
+                   dict(NARROW_GATE_UP_QKV_TWO, TMA_COPIES_FIRST_STAGES=3)),
+                  ("the copies-first rule at every width (the rule since)", [],
+                   dict(COPIES_FIRST_FROM_HIDDEN=fused_decode.COPIES_FIRST_FROM_HIDDEN, TMA_COPIES_FIRST_WARPS=4))]
+
+
 def as_measured(variants: list, before: dict = BEFORE_COPIES_FIRST) -> list:
     """A set measured before a rule (by default the copies-first rule), each variant as it ran then (`_matvec_tma` at
     one row too): `before`'s constants under each variant's own."""
@@ -443,7 +485,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "large_tiles": as_measured(LARGE_TILES_VARIANTS), "qkv_splits": as_measured(QKV_SPLITS_VARIANTS),
         "attention_warps": ATTENTION_WARPS_VARIANTS,
         "copies_first": as_measured(COPIES_FIRST_VARIANTS, BEFORE_QKV_FIRST),
-        "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST)}
+        "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST), "copies_first_reach": as_measured(REACH_VARIANTS, BEFORE_REACH)}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
 TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")
@@ -460,7 +502,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "FOLD_MIN_KV_BYTES", "UNFOLDED_AHEAD_IN",
     "UNFOLDED_ATTENTION_PROGRAMS", "SPLIT_KV_WARPS", "SPLIT_KV_STAGES", "FOLDED_ATTENTION_WARPS",
     "FOLDED_ATTENTION_STAGES", "TMA_COPIES_BEFORE_WAIT", "TMA_COPIES_FIRST_STAGES", "O_AT_WAIT_BEFORE_COPIES_FIRST",
-    "TMA_COPIES_FIRST_SMALL_KINDS", "TMA_COPIES_FIRST_SMALL_STAGES", "TMA_COPIES_FIRST_SUM_EACH_TILE")}
+    "TMA_COPIES_FIRST_SMALL_KINDS", "TMA_COPIES_FIRST_SMALL_STAGES", "TMA_COPIES_FIRST_SUM_EACH_TILE",
+    "TMA_COPIES_FIRST_WARPS", "COPIES_FIRST_FROM_HIDDEN", "COPIES_FIRST_BELOW_HIDDEN", "COPIES_FIRST_O_FROM_HIDDEN")}
 
 
 def set_constants(constants: dict) -> None:

@@ -126,32 +126,34 @@ def test_products_whose_tiles_stream_through_tma_compute_eager_logits(packed, ga
 
 
 def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave_and_three_elsewhere(monkeypatch):
-    """An 8B model's products as the rule plans them on the H200 (132 SMs): three stages for Qwen3-8B's QKV and gate/up
+    """An 8B model's products as the rule plans them on the H200 (132 SMs) from two rows: three stages for Qwen3-8B's QKV and gate/up
     (384 programs: one wave at three an SM), two for its O and down (512) and for Llama-3.1-8B's gate/up (448), which
     two bring into one wave, and three again for lm_head (thousands: several waves either way); Qwen3-4B (2560 wide)
-    streams too; fused.tma off, or a model narrower than TMA_FROM_HIDDEN (2048 wide), streams nothing."""
+    streams too; fused.tma off, or a model narrower than TMA_FROM_HIDDEN (2048 wide), streams nothing. At one row
+    the copies-first rule takes the 8B model's products (QKV and O too)."""
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan: 64 x 128 tiles, tensor cores
     options, wide = FusedOptions(), fused_decode.TMA_FROM_HIDDEN
     weight = lambda n, k: torch.empty(n, k, dtype=torch.bfloat16, device="meta")  # noqa: E731 (shapes only)
 
-    def planned(n, k, kind, hidden=wide, options=options):
-        return fused_decode.plan(weight(n, k), options, kind in ("qkv", "o", "down"), 1, hidden, kind=kind)
+    def planned(n, k, kind, hidden=wide, options=options, rows=2):  # (at one row the copies-first rule reaches them)
+        return fused_decode.plan(weight(n, k), options, kind in ("qkv", "o", "down"), rows, hidden, kind=kind)
 
-    gate_up = fused_decode.plan_swiglu(weight(12288, 4096), weight(12288, 4096), options, 1, wide)
+    gate_up = fused_decode.plan_swiglu(weight(12288, 4096), weight(12288, 4096), options, 2, wide)
     assert (gate_up.grid, gate_up.stages) == ((384, 1), 3)
     assert [(p.grid[0] * p.grid[1], p.stages) for p in (planned(6144, 4096, "qkv"), planned(4096, 4096, "o"),
                                                        planned(4096, 12288, "down"), planned(151936, 4096, "lm_head"))
             ] == [(384, 3), (512, 2), (512, 2), (2374, 3)]
-    llama_gate_up = fused_decode.plan_swiglu(weight(14336, 4096), weight(14336, 4096), options, 1, wide)
+    llama_gate_up = fused_decode.plan_swiglu(weight(14336, 4096), weight(14336, 4096), options, 2, wide)
     assert (llama_gate_up.grid[0], llama_gate_up.stages) == (448, 2)
     assert planned(4096, 4096, "o", options=FusedOptions(tma=False)).descriptor is None
     assert planned(4096, 4096, "o", hidden=wide // 2).descriptor is None
     # Qwen3-4B (2560 wide: every product tiles) streams; Qwen3-1.7B and Llama-3.2-1B (2048) keep the registers for
     # QKV from two rows (at one, QKV copies its tiles first: tma_before_wait.py's kernel, TMA_COPIES_FIRST_SMALL_KINDS)
-    qwen3_4b = fused_decode.plan_swiglu(weight(9728, 2560), weight(9728, 2560), options, 1, 2560)
+    qwen3_4b = fused_decode.plan_swiglu(weight(9728, 2560), weight(9728, 2560), options, 2, 2560)
     assert (qwen3_4b.grid, qwen3_4b.stages, qwen3_4b.descriptor is not None) == ((304, 1), 3, True)
     assert fused_decode.plan(weight(4096, 2048), options, True, 2, 2048, kind="qkv").descriptor is None
-    assert planned(4096, 2048, "qkv", hidden=2048).copies_first
+    assert planned(4096, 2048, "qkv", hidden=2048, rows=1).copies_first
+    assert all(planned(*shape, rows=1).copies_first for shape in ((6144, 4096, "qkv"), (4096, 4096, "o")))
     fp32 = fused_decode.plan(torch.empty(4096, 4096, device="meta"), options, True, 1, wide, kind="o")
     assert fp32.descriptor is None  # an fp32 run's weights keep the registers on a GPU
 
@@ -922,6 +924,7 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     assert ones == {"rows": 1} and aligned == [*occupancy.POINTERS, "k_total", "prefetch_bytes"]
     # Llama-3.2-1B as the rules planned it before its large products streamed through TMA: sliced (the study's set)
     monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1 << 30)
+    monkeypatch.setattr(fused_decode, "COPIES_FIRST_FROM_HIDDEN", 1 << 30)
     cfg = compose_single_run(["mode=fused", "model=llama-3.2-1b"])
     products = occupancy.step_products(cfg.model, 1, FusedOptions())
     assert occupancy.launch_sizes("gate_up", products["gate_up"], 1) == dict(
@@ -933,7 +936,7 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
               "from harness.cli.precheck import compose_single_run; from harness.kernels.fused_decode import "
               "FusedOptions; import harness.kernels.fused_decode as d; "
-              "d.TMA_LARGE_FROM_HIDDEN = 1 << 30; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
+              "d.TMA_LARGE_FROM_HIDDEN = d.COPIES_FIRST_FROM_HIDDEN = 1 << 30; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
               "p = o.step_products(cfg.model, 1, FusedOptions()); print(json.dumps(o.occupancy_rows("
               "{'down': p['down']}, 1)))")
     printed = compiled_for_the_gpu(script)
@@ -1235,11 +1238,82 @@ def test_the_qkv_o_first_set_copies_the_kinds_it_names_before_their_wait_all_the
     assert rule["o"].descriptor is None
     measured = {name: constants for name, _, constants in fused_prefetch.SETS["qkv_o_first"]}[
         "QKV copied before the PDL wait, 2 stages, the large products on 2 stages too"]
+    rule_then = variant_products(monkeypatch, llama, fused_prefetch.BEFORE_REACH)  # (on 8 warps; 4 since)
     assert {k: str(p) for k, p in variant_products(monkeypatch, llama, measured).items()} == {
-        k: str(p) for k, p in rule.items()}
+        k: str(p) for k, p in rule_then.items()}
     both = fused_prefetch.SETS["qkv_o_first"][3][2]
     two_rows = variant_products(monkeypatch, llama, both, rows=2)
     assert not any(p.copies_first for p in two_rows.values()) and two_rows["qkv"].descriptor is None
+
+
+def test_the_copies_first_reach_set_takes_the_rule_to_the_widths_and_warps_its_names_say(monkeypatch):
+    """benchmarks/fused_prefetch.py --set copies_first_reach: "from 1024 wide" plans Qwen3-0.6B's large products (the
+    rules' slices) and QKV as the Gluon kernel, or only those the name keeps, gate/up in the blocks, QKV in the
+    splits and each product on the stages it names; "at every width" plans every product of Qwen3-8B so (O too,
+    which the rule leaves to `_matvec`), on the warps and stages it names; "on 4 warps" changes Llama-3.2-1B's
+    copies-first products' warps and nothing else (Llama-3.2-1B, 2048 wide, takes a "from 1024" variant's kinds);
+    O lets gate/up launch after its loop where the name says. A
+    variant that does not reach a model (a narrower one on Qwen3-8B) plans it as the rules do, but for the kinds whose blocks or stages it sets by kind, which any tiles take."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import fused_prefetch
+
+    models = {name: compose_single_run(["mode=fused", f"model={name}"]).model
+              for name in ("qwen3-0.6b", "llama-3.2-1b", "qwen3-8b")}
+    variants = fused_prefetch.SETS["copies_first_reach"]
+    rules = {model: variant_products(monkeypatch, cfg, variants[0][2]) for model, cfg in models.items()}  # (before)
+    assert not any(p.copies_first for p in rules["qwen3-0.6b"].values())
+    assert not any(p.copies_first for p in rules["qwen3-8b"].values())
+    large = {"gate_up", "down", "lm_head"}
+    for name, _, constants in variants[1:-1]:
+        planned = {model: variant_products(monkeypatch, cfg, constants) for model, cfg in models.items()}
+        narrow, llama, wide = planned["qwen3-0.6b"], planned["llama-3.2-1b"], planned["qwen3-8b"]
+        first = {kind for kind, p in narrow.items() if p.copies_first}
+        if name.startswith("from 1024"):
+            assert first == ({"qkv"} if "QKV alone" in name else large if "large products alone" in name
+                             else large | {"qkv"}), name
+            if "QKV alone" in name:
+                assert {kind: str(narrow[kind]) for kind in large} == {kind: str(rules["qwen3-0.6b"][kind])
+                                                                       for kind in large}, name
+            assert narrow["gate_up"].bn == (32 if "32-column" in name else 64 if "gate_up" in first else 16), name
+            assert narrow["qkv"].splits == (8 if "2 programs an SM" in name else 4), name  # (qkv_one_an_sm)
+            every = "every split's tiles" in name
+            assert {kind: p.stages for kind, p in narrow.items() if kind in first and kind != "qkv"} == {
+                kind: (3 if "3 stages" in name else 2 if kind == "lm_head" or not every
+                       else narrow[kind].k_tiles // narrow[kind].splits)
+                for kind in first - {"qkv"}}, name
+        else:
+            assert {k: str(p) for k, p in narrow.items()} == {k: str(p) for k, p in rules["qwen3-0.6b"].items()}, name
+        if name.startswith("at every width"):
+            assert all(p.copies_first for p in wide.values()), name
+            assert {p.warps for p in wide.values()} == {4 if "4 warps" in name else 8}, name
+            assert {p.stages for kind, p in wide.items() if kind != "qkv" or "3 stages" in name} == {
+                3 if "3 stages" in name else 2}, name
+            assert wide["qkv"].splits == (4 if "2 programs an SM" in name else 2), name
+        else:
+            by_kind = set(constants.get("TMA_STAGES_OF", {})) | ({"gate_up"} if "32-column" in name else set())
+            kept = set(wide) - by_kind  # (any width's tiles take the blocks and stages set by kind)
+            assert {k: str(wide[k]) for k in kept} == {k: str(rules["qwen3-8b"][k]) for k in kept}, name
+        copies_first = {kind for kind, p in llama.items() if p.copies_first}
+        assert copies_first == (first if name.startswith("from 1024") else  # (the kinds it keeps: 2048 wide too)
+                                large | {"qkv"} | ({"o"} if name.startswith("at every width") else set())), name
+        assert {llama[kind].warps for kind in copies_first} == {4 if "4 warps" in name else 8}, name
+        layer = fused_decode.FusedDecoder._o_launch(fused_decode.Layer(None, llama["qkv"], None, None, llama["o"],
+                                                                       None, llama["gate_up"], llama["down"]))
+        at_wait = "gate_up" in copies_first and "after its loop" not in name  # (O's wait for such a gate/up alone)
+        assert fused_decode.launch_point(layer.o) == (fused_decode.AT_WAIT if at_wait else fused_decode.AFTER_LOOP), \
+            name
+    # the rule since plans each model as the variant measured fastest on it, and as the rules' defaults do; Qwen3-0.6B
+    # at 8 rows as before it (one row only)
+    by_name = {name: constants for name, _, constants in variants}
+    fastest = {"qwen3-0.6b": "from 1024 wide, gate/up in 32-column blocks, on 4 warps",
+               "qwen3-8b": "at every width, on 4 warps", "llama-3.2-1b": "the copies-first kernel on 4 warps"}
+    for model, name in fastest.items():
+        rule = {k: str(p) for k, p in variant_products(monkeypatch, models[model], variants[-1][2]).items()}
+        assert rule == {k: str(p) for k, p in variant_products(monkeypatch, models[model], by_name[name]).items()}
+        assert rule == {k: str(p) for k, p in variant_products(monkeypatch, models[model], {}).items()}
+    eight_rows = [{k: str(p) for k, p in variant_products(monkeypatch, models["qwen3-0.6b"], constants, 8).items()}
+                  for constants in (variants[0][2], {})]
+    assert eight_rows[0] == eight_rows[1]
 
 
 def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_its_names_say(monkeypatch):
@@ -1269,8 +1343,8 @@ def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_it
 
 def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monkeypatch):
     """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1,
-    as paired on an H200 and an H100, and for two (two tiles) at bs=8, in Qwen3-0.6B and in Qwen3-4B; O keeps its
-    splits; the `qkv_splits` set's variants plan the rules before and the rule at every batch size. fused.tma=false
+    as paired on an H200 and an H100, and in Qwen3-0.6B and Qwen3-4B at bs=1 where the copies-first rule takes them
+    (before it, for two); for two (two tiles) at bs=8; O keeps its splits; the `qkv_splits` set's variants plan the rules before and the rule at every batch size. fused.tma=false
     (the plan before the large products' rule and this one) splits it for two."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
@@ -1283,8 +1357,13 @@ def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monke
 
     assert splits("llama-3.2-1b", 1) == ((48, 4), (32, 8)) and splits("llama-3.2-1b", 8) == ((48, 8), (32, 8))
     assert splits("qwen3-1.7b", 1) == ((64, 4), (32, 8)) and splits("qwen3-1.7b", 8) == ((64, 8), (32, 8))
-    assert splits("qwen3-0.6b", 1)[0] == (64, 8) and splits("qwen3-4b", 1)[0] == (96, 4)  # as before (2 an SM)
-    assert splits("llama-3.2-1b", 1, dict(TMA_FROM_HIDDEN=2048))[0] == (48, 8)  # where the large rule does not hold
+    # where the copies-first rule reaches them at one row (1024 and 2560 wide), as measured with it; before, 2 an SM
+    assert splits("qwen3-0.6b", 1)[0] == (64, 4) and splits("qwen3-4b", 1)[0] == (96, 2)
+    before_reach = fused_prefetch.BEFORE_REACH
+    assert splits("qwen3-0.6b", 1, before_reach)[0] == (64, 8) and splits("qwen3-4b", 1, before_reach)[0] == (96, 4)
+    assert splits("qwen3-0.6b", 8)[0] == (64, 8) and splits("qwen3-4b", 8)[0] == (96, 4)
+    assert splits("llama-3.2-1b", 1, dict(fused_prefetch.BEFORE_REACH, TMA_FROM_HIDDEN=2048))[0] == (48, 8)  # where
+    # neither the large rule nor the copies-first rule's width holds
     assert splits("llama-3.2-1b", 1, tma=False)[0] == (48, 8)
     before, every = (variant[2] for variant in fused_prefetch.SETS["qkv_splits"][1:])
     assert splits("llama-3.2-1b", 1, before)[0] == (48, 8) and splits("llama-3.2-1b", 8, every)[0] == (48, 4)

@@ -83,8 +83,11 @@ def test_the_rules_warps_a_program_by_layout_k_and_rows(monkeypatch):
     assert [rules(n, k, kind) for n, k, kind in ((16384, 2048, "gate_up"), (2048, 8192, "down"))] == [
         PlanChoice(2, True, 8)] * 2
     assert fused_decode.default_choice(2048, 8192, FusedOptions(), 1, 2048, "down", 4).slices
-    # Qwen3-0.6B (1024 wide): a K of 1024 is short of 2048, four
-    assert rules(6144, 1024, "gate_up", hidden=1024) == PlanChoice(2, True, 4, slices=True)
+    # Qwen3-0.6B (1024 wide): a K of 1024 is short of 2048, four (fused.tma off; with it, at one row, the copies-first
+    # rule takes the large products as tiles, and QKV for one program an SM)
+    assert rules(6144, 1024, "gate_up", hidden=1024, options=no_tma) == PlanChoice(2, True, 4, slices=True)
+    assert rules(6144, 1024, "gate_up", hidden=1024) == PlanChoice(2, True, 8)
+    assert rules(4096, 1024, "qkv", hidden=1024) == PlanChoice(1, True, 8)
     # Qwen3-8B: tiles (no product of a model 4096 wide is sliced), on four from 32 rows
     assert rules(24576, 4096, "gate_up", hidden=4096) == PlanChoice(2, True, 8)
     assert rules(24576, 4096, "gate_up", rows=32, hidden=4096) == PlanChoice(2, True, 4)

@@ -247,11 +247,12 @@ def test_a_bs1_fused_run_past_one_chunk_with_little_kv_or_too_much_attends_in_th
 def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatch):
     """fused.tma on the H200: the tile products' weights copied into shared memory by the tensor memory accelerator
     (the rule, 4096 wide and up, brought down to Qwen3-0.6B's 1024 so that a small model runs it: its QKV and O at
-    bs=1, every product at bs=8), the step captured with PDL, verified against fp32, and the plan naming each TMA
-    product; fused.tma=false runs none."""
+    bs=1, every product at bs=8; the copies-first rule's width held off, which would take the rest at bs=1), the
+    step captured with PDL, verified against fp32, and the plan naming each TMA product; fused.tma=false runs none."""
     from harness.kernels import fused_decode
 
     monkeypatch.setattr(fused_decode, "TMA_FROM_HIDDEN", 1024)
+    monkeypatch.setattr(fused_decode, "COPIES_FIRST_FROM_HIDDEN", 1 << 30)
     result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     plan = result.mode_tags["fused_plan"]

@@ -342,6 +342,21 @@ TMA_COPIES_FIRST_SMALL_STAGES = 2
 # did (benchmarks/fused_occupancy.py). Off: paired on that H100 it made both steps 11-13% slower (not profiled: each
 # tile then adds a sum across 16 threads, which the rule does once a split)
 TMA_COPIES_FIRST_SUM_EACH_TILE = False
+# At one row, in a model COPIES_FIRST_FROM_HIDDEN wide or wider (and under COPIES_FIRST_BELOW_HIDDEN), with packed
+# 16-bit weights and fused.tma, the large products (TMA_LARGE_KINDS) and TMA_COPIES_FIRST_SMALL_KINDS run as the
+# Gluon kernel whatever the other rules would plan (copies_first_reaches): in a 1024-wide model, where the rules slice
+# the large products; from COPIES_FIRST_O_FROM_HIDDEN wide O too, where it and every other product streamed through
+# `_matvec_tma`, copied after the wait. There gate/up takes 32-column blocks where 64-column ones are fewer than the
+# SMs (Qwen3-0.6B's 96: 192 programs), and the kernel runs on TMA_COPIES_FIRST_WARPS warps, not the tile's eight.
+# Paired on one H100 (GPU-2a0299d8, 2026-12-06; docs/benchmarks.md, "the copies-first rule at every width"; `--set
+# copies_first_reach`), against the rules before: Qwen3-0.6B at bs=1 context 1024 took 0.926 times the step (its
+# large products and QKV so, gate/up in 32-column blocks, 4 warps; 0.966 in 64-column blocks on 8 warps, 0.954 in
+# 32), Qwen3-8B at bs=1 0.968 (every product so, on 4 warps; on 8, 1.013); 4 warps alone 1.000 on Llama-3.2-1B at
+# the study's workload and 0.995 on Qwen3-1.7B at bs=1. At 8 rows, the large products of Qwen3-0.6B through
+# `_matvec_tma` (the 2048-wide rule, TMA_LARGE_FROM_HIDDEN, at 1024) took 1.053 times the step: one row only
+COPIES_FIRST_FROM_HIDDEN, COPIES_FIRST_BELOW_HIDDEN = 1024, 1 << 30
+COPIES_FIRST_O_FROM_HIDDEN = TMA_FROM_HIDDEN
+TMA_COPIES_FIRST_WARPS = 4  # (0: the tile's)
 # gate/up's columns a tile where it runs as tiles (0: tile_sizes'), for the benchmarks' variants: gate/up never splits
 # (SiLU needs whole sums), so narrower tiles are its one way to more programs (Qwen3-0.6B's 6144 columns: 96 programs of
 # 64, 192 of 32). Through registers, 32 measured slower (13.2 against 11.1 µs a call, 2026-12-02: blocks_and_splits)
@@ -1219,7 +1234,8 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
     SLICE_MAX_HIDDEN wide at most, on a GPU (in Triton's interpreter, whose cost is per program, tiles), unless the
     large products' rule streams the kind through TMA."""
     slices = (kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows)
-              and not large_through_tma(kind, hidden, options, element_size, rows))
+              and not large_through_tma(kind, hidden, options, element_size, rows)
+              and not copies_first_reaches(kind, hidden, options, element_size, rows, options.packed))
     warps = rule_warps(kind, n, k, options, rows, hidden, slices)
     if slices:
         return PlanChoice(PROGRAMS_PER_SM, options.packed, warps, slices=True)
@@ -1229,9 +1245,10 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
 
 def qkv_one_an_sm(hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
     """Whether the rules split QKV's K for one program an SM, not PROGRAMS_PER_SM: at QKV_ONE_AN_SM_MAX_ROWS rows at
-    most, where the large products' rule streams the rest of the step as it was measured (large_rule_model):
-    fused.tma=false plans the step before both."""
-    return rows <= QKV_ONE_AN_SM_MAX_ROWS and large_rule_model(hidden, options, element_size)
+    most, where the large products' rule (large_rule_model) or the copies-first rule's width (copies_first_width)
+    streams the rest of the step, as each was measured: fused.tma=false plans the step before both."""
+    return rows <= QKV_ONE_AN_SM_MAX_ROWS and (large_rule_model(hidden, options, element_size)
+                                               or copies_first_width(hidden, options, element_size, rows))
 
 
 def rule_warps(kind: str, n: int, k: int, options: FusedOptions, rows: int, hidden: int, slices: bool) -> int:
@@ -1275,13 +1292,16 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
     element_size = product.weight.element_size()
     large = large_through_tma(product.kind, hidden, options, element_size, rows)
     small = product.kind in TMA_COPIES_FIRST_SMALL_KINDS and large_rule_model(hidden, options, element_size)
+    reached = copies_first_reaches(product.kind, hidden, options, element_size, rows, product.packed)
     wide = (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS
             and tma_element_size(element_size))
-    if (large or small) and copies_first(product, rows):
+    if (large or small or reached) and copies_first(product, rows):
         split_tiles = triton.cdiv(product.k_tiles, product.splits)
-        stages = TMA_COPIES_FIRST_STAGES if large else min(split_tiles, TMA_COPIES_FIRST_SMALL_STAGES)
+        stages = (TMA_COPIES_FIRST_STAGES if product.kind in TMA_LARGE_KINDS
+                  else min(split_tiles, TMA_COPIES_FIRST_SMALL_STAGES))
         return replace(product, descriptor=tma_before_wait.descriptor(product.weight, product.bn, product.bk),
-                       stages=TMA_STAGES_OF.get(product.kind, stages), copies_first=True)
+                       stages=TMA_STAGES_OF.get(product.kind, stages), copies_first=True,
+                       warps=TMA_COPIES_FIRST_WARPS or product.warps)
     if not (wide or large):
         return product
     stages = TMA_STAGES_OF.get(product.kind, TMA_LARGE_STAGES if large else tma_stages(product))
@@ -1295,6 +1315,23 @@ def copies_first(product: Product, rows: int) -> bool:
     packed tile-major, on a GPU (Gluon does not run in Triton's interpreter)."""
     return (TMA_COPIES_BEFORE_WAIT and rows == 1 and product.packed and not interpreted()
             and product.kind in tma_before_wait.KINDS)
+
+
+def copies_first_width(hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
+    """Whether the copies-first rule's width takes a step (copies_first_reaches): one row, fused.tma, weights it
+    streams, a model between COPIES_FIRST_FROM_HIDDEN and COPIES_FIRST_BELOW_HIDDEN wide."""
+    return (rows == 1 and options.tma and tma_element_size(element_size)
+            and COPIES_FIRST_FROM_HIDDEN <= hidden < COPIES_FIRST_BELOW_HIDDEN)
+
+
+def copies_first_reaches(kind: str, hidden: int, options: FusedOptions, element_size: int, rows: int,
+                         packed: bool) -> bool:
+    """Whether the copies-first rule's width runs a product of `kind` as tma_before_wait.py's kernel: in a step it
+    takes (copies_first_width), TMA_LARGE_KINDS, TMA_COPIES_FIRST_SMALL_KINDS and, from COPIES_FIRST_O_FROM_HIDDEN
+    wide, O, with packed weights on a GPU (copies_first's conditions)."""
+    kinds = TMA_LARGE_KINDS + TMA_COPIES_FIRST_SMALL_KINDS + (("o",) if hidden >= COPIES_FIRST_O_FROM_HIDDEN else ())
+    return (kind in kinds and copies_first_width(hidden, options, element_size, rows) and TMA_COPIES_BEFORE_WAIT
+            and packed and not interpreted() and kind in tma_before_wait.KINDS)
 
 
 def tma_element_size(element_size: int) -> bool:
@@ -1333,8 +1370,11 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     both, k = 2 * gate.shape[0], gate.shape[1]
     choice = choice or default_choice(both, k, options, rows, hidden, "gate_up", gate.element_size())
     bn, bk, _ = slice_layout(both, k, False, choice.warps, hidden) if choice.slices else tile_sizes(both, k)
+    reached = copies_first_reaches("gate_up", hidden, options, gate.element_size(), rows, choice.packed)
     if not choice.slices and GATE_UP_TILE_COLUMNS:
         bn = GATE_UP_TILE_COLUMNS
+    elif reached and triton.cdiv(both, bn) < SMS:  # (the copies-first rule's 32-column blocks)
+        bn //= 2
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
     if choice.slices:  # row-major rows, on CUDA cores
