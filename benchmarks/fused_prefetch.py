@@ -485,7 +485,8 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "large_tiles": as_measured(LARGE_TILES_VARIANTS), "qkv_splits": as_measured(QKV_SPLITS_VARIANTS),
         "attention_warps": ATTENTION_WARPS_VARIANTS,
         "copies_first": as_measured(COPIES_FIRST_VARIANTS, BEFORE_QKV_FIRST),
-        "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST), "copies_first_reach": as_measured(REACH_VARIANTS, BEFORE_REACH)}
+        "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST),
+        "copies_first_reach": as_measured(REACH_VARIANTS, BEFORE_REACH)}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
 TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")

@@ -1232,7 +1232,7 @@ def default_choice(n: int, k: int, options: FusedOptions, rows: int, hidden: int
     """The rules' plan for an n x k product of `kind` (PRODUCT_KINDS) with weights of `element_size` bytes at `rows`
     batch rows of a model of `hidden` size: fused.slices for SLICED_KINDS where the rows are few enough and the model
     SLICE_MAX_HIDDEN wide at most, on a GPU (in Triton's interpreter, whose cost is per program, tiles), unless the
-    large products' rule streams the kind through TMA."""
+    large products' rule streams the kind through TMA or the copies-first rule takes it (copies_first_reaches)."""
     slices = (kind in SLICED_KINDS and hidden <= SLICE_MAX_HIDDEN and slices_apply(options, rows)
               and not large_through_tma(kind, hidden, options, element_size, rows)
               and not copies_first_reaches(kind, hidden, options, element_size, rows, options.packed))
@@ -1373,7 +1373,7 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     reached = copies_first_reaches("gate_up", hidden, options, gate.element_size(), rows, choice.packed)
     if not choice.slices and GATE_UP_TILE_COLUMNS:
         bn = GATE_UP_TILE_COLUMNS
-    elif reached and triton.cdiv(both, bn) < SMS:  # (the copies-first rule's 32-column blocks)
+    elif reached and not choice.slices and triton.cdiv(both, bn) < SMS:  # (the copies-first rule's 32-column blocks)
         bn //= 2
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
