@@ -936,7 +936,8 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     script = ("import json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
               "from harness.cli.precheck import compose_single_run; from harness.kernels.fused_decode import "
               "FusedOptions; import harness.kernels.fused_decode as d; "
-              "d.TMA_LARGE_FROM_HIDDEN = d.COPIES_FIRST_FROM_HIDDEN = 1 << 30; cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
+              "d.TMA_LARGE_FROM_HIDDEN = d.COPIES_FIRST_FROM_HIDDEN = 1 << 30; "
+              "cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
               "p = o.step_products(cfg.model, 1, FusedOptions()); print(json.dumps(o.occupancy_rows("
               "{'down': p['down']}, 1)))")
     printed = compiled_for_the_gpu(script)
@@ -1256,10 +1257,12 @@ def test_the_copies_first_reach_set_takes_the_rule_to_the_widths_and_warps_its_n
     """benchmarks/fused_prefetch.py --set copies_first_reach: "from 1024 wide" plans Qwen3-0.6B's large products (the
     rules' slices) and QKV as the Gluon kernel, or only those the name keeps, gate/up in the blocks, QKV in the
     splits and each product on the stages it names; "at every width" plans every product of Qwen3-8B so (O too,
-    which the rule leaves to `_matvec`), on the warps and stages it names; "on 4 warps" changes Llama-3.2-1B's
-    copies-first products' warps and nothing else (Llama-3.2-1B, 2048 wide, takes a "from 1024" variant's kinds);
-    O lets gate/up launch after its loop where the name says. A
-    variant that does not reach a model (a narrower one on Qwen3-8B) plans it as the rules do, but for the kinds whose blocks or stages it sets by kind, which any tiles take."""
+    which the rules before left to `_matvec_tma`), on the warps and stages it names; "on 4 warps" changes Llama-3.2-1B's
+    copies-first products' warps and nothing else (Llama-3.2-1B, 2048 wide, takes a "from 1024" variant's kinds); O
+    lets gate/up launch after its loop where the name says. A variant that does not reach a model (a narrower one on
+    Qwen3-8B) plans it as the rules before did, but for the kinds whose blocks or stages it sets by kind, which any
+    tiles take. The rule since plans each model as the variant measured fastest on it, and Qwen3-0.6B at 8 rows as
+    before."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import fused_prefetch
 
@@ -1347,11 +1350,12 @@ def test_the_large_tiles_set_reshapes_only_the_large_products_and_splits_k_as_it
     assert one["gate_up"].splits == rules["gate_up"].splits == four["gate_up"].splits == 1  # never split
 
 
-def test_qkv_splits_for_one_program_an_sm_at_bs1_only_in_a_model_2048_wide(monkeypatch):
-    """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1,
-    as paired on an H200 and an H100, and in Qwen3-0.6B and Qwen3-4B at bs=1 where the copies-first rule takes them
-    (before it, for two); for two (two tiles) at bs=8; O keeps its splits; the `qkv_splits` set's variants plan the rules before and the rule at every batch size. fused.tma=false
-    (the plan before the large products' rule and this one) splits it for two."""
+def test_qkv_splits_for_one_program_an_sm_at_bs1_only_where_a_tma_rule_reaches(monkeypatch):
+    """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1, as
+    paired on an H200 and an H100, and in Qwen3-0.6B and Qwen3-4B at bs=1 where the copies-first rule takes them
+    (before it, for two); for two (two tiles) at bs=8; O keeps its splits; the `qkv_splits` set's variants plan the
+    rules before and the rule at every batch size. fused.tma=false (the plan before the large products' rule and
+    this one) splits it for two."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
     import fused_prefetch
