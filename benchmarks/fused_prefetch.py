@@ -446,7 +446,7 @@ REACH_VARIANTS = [("the rules before", [], {}),
                   ("from 1024 wide: the large products and QKV copied before the PDL wait", [], FROM_1024),
                   ("from 1024 wide, gate/up in 32-column blocks", [], NARROW_GATE_UP),
                   ("from 1024 wide, gate/up in 32-column blocks, every split's tiles copied before the wait "
-                   "(lm_head's 2)", [], dict(FROM_1024, GATE_UP_TILE_COLUMNS=32, TMA_COPIES_FIRST_STAGES=8,
+                   "(lm_head's 2)", [], dict(NARROW_GATE_UP, TMA_COPIES_FIRST_STAGES=8,
                                             TMA_STAGES_OF={"lm_head": 2, "down": 3})),  # (down's 3 a split)
                   ("from 1024 wide, QKV for 2 programs an SM", [], dict(FROM_1024, QKV_ONE_AN_SM_MAX_ROWS=0)),
                   ("from 1024 wide, the large products alone copied before the PDL wait", [],

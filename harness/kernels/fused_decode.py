@@ -1311,10 +1311,14 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
 
 def copies_first(product: Product, rows: int) -> bool:
     """Whether a product the large products' rule (or TMA_COPIES_FIRST_SMALL_KINDS) takes runs as
-    tma_before_wait.py's kernel, its copies started before its PDL wait: TMA_COPIES_BEFORE_WAIT, one row, weights
-    packed tile-major, on a GPU (Gluon does not run in Triton's interpreter)."""
-    return (TMA_COPIES_BEFORE_WAIT and rows == 1 and product.packed and not interpreted()
-            and product.kind in tma_before_wait.KINDS)
+    tma_before_wait.py's kernel, its copies started before its PDL wait (gluon_runs)."""
+    return gluon_runs(product.kind, rows, product.packed)
+
+
+def gluon_runs(kind: str, rows: int, packed: bool) -> bool:
+    """Whether tma_before_wait.py's kernel may run a product of `kind`: TMA_COPIES_BEFORE_WAIT, one row, weights
+    packed tile-major, on a GPU (Gluon does not run in Triton's interpreter), a kind whose input and output it takes."""
+    return TMA_COPIES_BEFORE_WAIT and rows == 1 and packed and not interpreted() and kind in tma_before_wait.KINDS
 
 
 def copies_first_width(hidden: int, options: FusedOptions, element_size: int, rows: int) -> bool:
@@ -1328,10 +1332,10 @@ def copies_first_reaches(kind: str, hidden: int, options: FusedOptions, element_
                          packed: bool) -> bool:
     """Whether the copies-first rule's width runs a product of `kind` as tma_before_wait.py's kernel: in a step it
     takes (copies_first_width), TMA_LARGE_KINDS, TMA_COPIES_FIRST_SMALL_KINDS and, from COPIES_FIRST_O_FROM_HIDDEN
-    wide, O, with packed weights on a GPU (copies_first's conditions)."""
+    wide, O, where the kernel may run it (gluon_runs)."""
     kinds = TMA_LARGE_KINDS + TMA_COPIES_FIRST_SMALL_KINDS + (("o",) if hidden >= COPIES_FIRST_O_FROM_HIDDEN else ())
-    return (kind in kinds and copies_first_width(hidden, options, element_size, rows) and TMA_COPIES_BEFORE_WAIT
-            and packed and not interpreted() and kind in tma_before_wait.KINDS)
+    return (kind in kinds and copies_first_width(hidden, options, element_size, rows)
+            and gluon_runs(kind, rows, packed))
 
 
 def tma_element_size(element_size: int) -> bool:
@@ -1370,10 +1374,10 @@ def plan_swiglu(gate: torch.Tensor, up: torch.Tensor, options: FusedOptions, row
     both, k = 2 * gate.shape[0], gate.shape[1]
     choice = choice or default_choice(both, k, options, rows, hidden, "gate_up", gate.element_size())
     bn, bk, _ = slice_layout(both, k, False, choice.warps, hidden) if choice.slices else tile_sizes(both, k)
-    reached = copies_first_reaches("gate_up", hidden, options, gate.element_size(), rows, choice.packed)
     if not choice.slices and GATE_UP_TILE_COLUMNS:
         bn = GATE_UP_TILE_COLUMNS
-    elif reached and not choice.slices and triton.cdiv(both, bn) < SMS:  # (the copies-first rule's 32-column blocks)
+    elif (not choice.slices and triton.cdiv(both, bn) < SMS  # (the copies-first rule's 32-column blocks)
+          and copies_first_reaches("gate_up", hidden, options, gate.element_size(), rows, choice.packed)):
         bn //= 2
     paired = pair_blocks(gate, up, bn // 2)
     n = paired.shape[0]
