@@ -329,7 +329,7 @@ TMA_COPIES_FIRST_STAGES = 2
 O_AT_WAIT_BEFORE_COPIES_FIRST = True
 # The kinds of product, among QKV and O (tiles through registers by the other rules, each program's first tile loaded
 # before its PDL wait), that run as the Gluon kernel too, in the models and at the rows where the large products do
-# (copies_first), each program copying its split's tiles on TMA_COPIES_FIRST_SMALL_STAGES at most (Llama-3.2-1B's QKV
+# (gluon_runs), each program copying its split's tiles on TMA_COPIES_FIRST_SMALL_STAGES at most (Llama-3.2-1B's QKV
 # has 4 a program, O 2). Paired on that H100: QKV on 2 stages with the large products on 2 took 2.8% off both steps
 # (Llama-3.2-1B 0.9616 ms against 0.9897 under the rules before; Qwen3-1.7B 2.8%), and 1.6% at contexts 2048 and 1024;
 # QKV on all 4 of its tiles (the large products on 3) 0.6% and 1.2% slower than through registers; O first as well,
@@ -1288,14 +1288,15 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
     """`product` with a TMA descriptor of its weight where fused.tma applies (16-bit tiles of TMA_KINDS in a model of
     `hidden` size TMA_FROM_HIDDEN wide or wider, or by the large products' rule at `rows` batch rows): [bn, bk] boxes
     of the packed weight viewed as [tiles * bn, bk], or of the row-major weight; run as tma_before_wait.py's kernel
-    where copies_first says (the large products, and TMA_COPIES_FIRST_SMALL_KINDS in the models they cover)."""
+    where gluon_runs says it may, for the large products and TMA_COPIES_FIRST_SMALL_KINDS in the models they cover, and
+    for the kinds the copies-first rule's width takes (copies_first_reaches)."""
     element_size = product.weight.element_size()
     large = large_through_tma(product.kind, hidden, options, element_size, rows)
     small = product.kind in TMA_COPIES_FIRST_SMALL_KINDS and large_rule_model(hidden, options, element_size)
     reached = copies_first_reaches(product.kind, hidden, options, element_size, rows, product.packed)
     wide = (options.tma and hidden >= TMA_FROM_HIDDEN and product.kind in TMA_KINDS
             and tma_element_size(element_size))
-    if (large or small or reached) and copies_first(product, rows):
+    if (large or small or reached) and gluon_runs(product.kind, rows, product.packed):
         split_tiles = triton.cdiv(product.k_tiles, product.splits)
         stages = (TMA_COPIES_FIRST_STAGES if product.kind in TMA_LARGE_KINDS
                   else min(split_tiles, TMA_COPIES_FIRST_SMALL_STAGES))
@@ -1307,12 +1308,6 @@ def streamed(product: Product, options: FusedOptions, hidden: int, rows: int) ->
     stages = TMA_STAGES_OF.get(product.kind, TMA_LARGE_STAGES if large else tma_stages(product))
     boxed = product.weight.view(-1, product.bk) if product.packed else product.weight
     return replace(product, descriptor=TensorDescriptor.from_tensor(boxed, [product.bn, product.bk]), stages=stages)
-
-
-def copies_first(product: Product, rows: int) -> bool:
-    """Whether a product the large products' rule (or TMA_COPIES_FIRST_SMALL_KINDS) takes runs as
-    tma_before_wait.py's kernel, its copies started before its PDL wait (gluon_runs)."""
-    return gluon_runs(product.kind, rows, product.packed)
 
 
 def gluon_runs(kind: str, rows: int, packed: bool) -> bool:
