@@ -432,11 +432,50 @@ def test_a_fused_graph_of_two_steps_is_judged_against_fp32_step_by_step():
     assert two.metrics["token_repeat_fraction"] < 0.5  # varied tokens: a stale one would show
 
 
+def test_the_greedy_kernel_feeds_torch_argmax_the_first_index_among_equals():
+    """A graph of several fused steps feeds each step's argmax by a kernel of its own: the same token as
+    torch.argmax where equals fall in two loads of one program or in two programs, at the vocabulary's short end,
+    for a NaN and for a row all -inf."""
+    from harness.kernels.fused_greedy import BLOCK, GreedyFeed
+
+    vocab = 151936  # Qwen3's: 50 programs of 3 loads, the last program short
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0))
+    logits[0, [5, BLOCK + 5]] = 9.0  # equal largest in two loads of one program
+    logits[1, [3 * BLOCK + 7, 9 * BLOCK + 1]] = 9.0  # in two programs
+    logits[2, [11, 12]] = 9.0  # in one load
+    logits[3, vocab - 1] = 9.0  # the last logit
+    ids, tokens = torch.full((4, 1), -1, dtype=torch.long), torch.full((4,), -1, dtype=torch.long)
+    greedy = GreedyFeed(logits, ids, pdl=False)
+    assert (greedy.programs, greedy.span) == (50, 3 * BLOCK)
+    greedy(tokens)
+    assert tokens.tolist() == logits.argmax(-1).tolist() == [5, 3 * BLOCK + 7, 11, vocab - 1]
+    assert ids[:, 0].tolist() == tokens.tolist()  # fed: the next step's input
+    assert greedy.count.tolist() == [0] * 4  # each row's count back to 0 for the next step
+    logits[1, 2 * BLOCK + 3], logits[3] = float("nan"), float("-inf")
+    greedy(tokens)
+    assert tokens.tolist() == logits.argmax(-1).tolist() == [5, 2 * BLOCK + 3, 11, 0]
+
+
+def test_a_fused_graph_of_several_steps_sizes_its_attention_for_whole_replays():
+    """The attention's chunks are sized for the longest prefix a timed step reaches: with graph_steps=128 the
+    warm-up and the decode are a replay of 128 steps each, past one chunk's slots, where their tokens alone are not."""
+    from harness.modes.fused import FusedMode
+
+    cfg, model, prompt = tiny_model_and_prompt("graph_steps=128", "cache_len=null")
+    replays = FusedMode().prepare(model, prompt, cfg)  # 8 + 128 + 128 + 1 slots
+    assert fused_decode.ONE_CHUNK_MAX_SLOTS < 8 + 2 * 128 + 1
+    assert replays.metrics["attention_chunks_per_kv_head"] > 1
+    one = FusedMode().prepare(model, prompt, run_config(*FUSED))  # 8 + 2 + 8 + 1 slots
+    assert one.metrics["attention_chunks_per_kv_head"] == 1
+
+
 @pytest.mark.slow
-def test_a_fault_inside_a_fused_graph_of_two_steps_fails_the_run(monkeypatch):
-    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_rope_off_by_one")
+@pytest.mark.parametrize("kind", ["fused_rope_off_by_one", "fused_greedy_not_fed"])
+def test_a_fault_inside_a_fused_graph_of_two_steps_fails_the_run(monkeypatch, kind):
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
     result = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "graph_steps=2"))
-    assert result.failure is not None and result.metrics["verified"] == 0.0
+    assert result.failure is not None and result.metrics["verified"] == 0.0, kind
+    assert result.mode_tags["mutation"] == kind
 
 
 @pytest.mark.slow

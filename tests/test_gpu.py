@@ -204,7 +204,7 @@ def test_a_gpu_run_logs_its_machines_fingerprint():
         assert 500 < float(env["fingerprint_sm_clock_under_load_mhz"]) < 3000
 
 
-@pytest.mark.parametrize("bs,graph_steps", [(1, 1), (8, 1), (1, 4)])
+@pytest.mark.parametrize("bs,graph_steps", [(1, 1), (8, 1), (1, 4), (8, 4)])
 def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_steps):
     result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1", f"graph_steps={graph_steps}"))
     m = result.metrics
@@ -214,6 +214,26 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
                                              "weights_ahead=on tma=on")
     assert "captured" not in result.mode_tags
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
+
+
+def test_the_greedy_kernel_under_pdl_feeds_torch_argmax_captured():
+    """The greedy choice of a graph of several fused steps, compiled for the GPU with PDL's wait and captured: each
+    row's token is torch.argmax's (equal largest in two programs: the first), replay after replay."""
+    from harness.kernels.fused_greedy import BLOCK, GreedyFeed
+
+    logits = torch.randn(8, 151936, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    logits[3, [3 * BLOCK + 7, 9 * BLOCK + 1]] = 9.0
+    ids, tokens = torch.full((8, 1), -1, device="cuda"), torch.full((8,), -1, device="cuda")
+    greedy = GreedyFeed(logits, ids, pdl=True)
+    greedy(tokens)  # compiled before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        greedy(tokens)
+    for _ in range(3):
+        logits.normal_()
+        tokens.fill_(-1)
+        graph.replay()
+        assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(ids[:, 0], tokens)
 
 
 def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_is_verified():
@@ -335,10 +355,11 @@ def test_a_tuned_fused_step_times_its_candidates_and_is_verified():
     print(tags["tune"], "|", tags["fused_plan"])
 
 
-@pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])
-def test_a_fault_inside_a_captured_fused_kernel_fails_the_run(monkeypatch, kind):
+@pytest.mark.parametrize("kind,steps_a_replay", [("kv_append_lost", (1, 4)), ("fused_rope_off_by_one", (1, 4)),
+                                                  ("fused_greedy_not_fed", (4,))])  # the last feeds in the graph only
+def test_a_fault_inside_a_captured_fused_kernel_fails_the_run(monkeypatch, kind, steps_a_replay):
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)  # built into the kernels before capture
-    for graph_steps in (1, 4):
+    for graph_steps in steps_a_replay:
         result = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false",
                                     f"graph_steps={graph_steps}"))
         print(f"{kind}, graph_steps={graph_steps}: {result.failure}")

@@ -1,6 +1,7 @@
 """mode=fused: the decode step as the harness's own fused kernels (harness/kernels/fused_decode.py), captured in
-one CUDA graph and replayed once per token (or per `graph_steps` tokens, argmax and feeding captured too), each
-launch overlapping the last through programmatic dependent launch.
+one CUDA graph and replayed once per token (or per `graph_steps` tokens, each step's argmax fed to the next inside
+the graph by a kernel of its own, harness/kernels/fused_greedy.py), each launch overlapping the last through
+programmatic dependent launch.
 
 The model is transformers' own, used for prefill and for the references; its weights are packed once, at prepare
 (not timed). Decode reads and writes the same StaticCache as every other mode, so prefill, rewind and verification
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.clock import block_ms
+from harness.config.schema import round_up
+from harness.measure.mutations import NOT_FED
 from harness.modes.base import CaptureError, DecodeMode, kv_heads_and_dim
 from harness.modes.graphed import SIDE_STREAM_WARMUP, GraphedStepper, capture, warm_up_on_side_stream
 
@@ -32,6 +35,7 @@ class FusedStepper(GraphedStepper):
                  steps_after_prompt: int | None = None):
         super().__init__(model, prompt, cache_len, graph_steps)
         from harness.kernels.fused_decode import FusedDecoder  # Triton: imported by the jobs that run this mode
+        from harness.kernels.fused_greedy import GreedyFeed
 
         start = time.perf_counter()
         # the longest prefix a timed step attends to: the context, the steps decoded after it, the new token
@@ -44,6 +48,12 @@ class FusedStepper(GraphedStepper):
                                       for field in dataclasses.fields(options))  # each technique, as it ran
         if options.tune:
             self._tune(prompt)
+        if fault == NOT_FED and not self.feeds_itself:
+            raise ValueError(f"HARNESS_INJECT_MUTATION={NOT_FED} acts in the greedy choice of a graph that feeds "
+                             f"itself, and this run has graph_steps={graph_steps}; use graph_steps > 1")
+        # the decoder's logits as tuned (a replanned decoder has buffers of its own)
+        self.greedy = (GreedyFeed(self.decoder.logits, self.static_ids, options.pdl, feed=fault != NOT_FED)
+                       if self.feeds_itself else None)
         # (the MLP's part, one way since the MLP in one kernel was taken out, kept so that runs before compare alike)
         self.tags["fused_plan"] = "; ".join([*(f"{kind}: {product}" for kind, product in self.decoder.products().items()),
                                              self.decoder.attention_plan(), "mlp: gate/up, then down"])
@@ -70,6 +80,14 @@ class FusedStepper(GraphedStepper):
 
     def forward(self) -> torch.Tensor:
         return self.decoder.step()
+
+    def _k_steps(self) -> torch.Tensor:
+        """graph_steps > 1: each step's argmax fed to the next by a kernel of its own (harness/kernels/
+        fused_greedy.py), launched with PDL like the step's, where graphed's are torch's argmax and two copies."""
+        for k in range(self.tokens_per_step):
+            logits = self.forward()
+            self.greedy(self.tokens[k])
+        return logits[: self.bs]
 
     def prepare(self, prompt: torch.Tensor) -> FusedStepper:
         """Capture on a GPU (warm-up first: Triton compiles each kernel at its first launch); on a CPU, launch."""
@@ -139,8 +157,10 @@ class FusedMode(DecodeMode):
                                tma=cfg.fused.tma and hopper)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
+        # the slots a timed step reaches past the context: warm-up and decode, each in whole replays of graph_steps
+        after_prompt = round_up(cfg.warmup, cfg.graph_steps) + round_up(cfg.decode_tokens, cfg.graph_steps)
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
-                            cfg.warmup + cfg.decode_tokens).prepare(prompt)
+                            after_prompt).prepare(prompt)
 
 
 def on_hopper(device: torch.device) -> bool:
