@@ -12,10 +12,11 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from harness.modes.fused import NOT_FED
+
 # inside mode=fused's own kernels, which patching the model's modules cannot reach: RoPE one position ahead in
 # decode (prefill right), the new token's K/V never appended to the cache, and (graph_steps > 1) each step's
 # argmax kept as the run's token but not fed to the next step, which reads its own input again
-NOT_FED = "fused_greedy_not_fed"
 FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost", NOT_FED)
 # a rewind that clears the decoded slots from one slot too early: the context's last K/V zeroed in every layer, from
 # the first rewind on (blocks after the first, the checks), where the free run and every reference that decodes in the

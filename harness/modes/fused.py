@@ -11,6 +11,7 @@ graph): the tests check them there, on tiny models, against eager and fp32.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from typing import TYPE_CHECKING
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.clock import block_ms
-from harness.config.schema import round_up
-from harness.measure.mutations import NOT_FED
 from harness.modes.base import CaptureError, DecodeMode, kv_heads_and_dim
 from harness.modes.graphed import SIDE_STREAM_WARMUP, GraphedStepper, capture, warm_up_on_side_stream
 
+# a test's fault (harness/measure/mutations.py): each step's argmax kept as the run's token, not fed to the next step
+NOT_FED = "fused_greedy_not_fed"
 ROUNDS = 6  # fused.tune: pairs of blocks (AB, then BA) a candidate plan's step is timed in against the current one's
 REPLAYS = 16  # replays of a captured step a block
 
@@ -158,7 +159,8 @@ class FusedMode(DecodeMode):
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
         # the slots a timed step reaches past the context: warm-up and decode, each in whole replays of graph_steps
-        after_prompt = round_up(cfg.warmup, cfg.graph_steps) + round_up(cfg.decode_tokens, cfg.graph_steps)
+        after_prompt = sum(math.ceil(tokens / cfg.graph_steps) * cfg.graph_steps for tokens in (cfg.warmup,
+                                                                                             cfg.decode_tokens))
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
                             after_prompt).prepare(prompt)
 
