@@ -221,19 +221,25 @@ def test_the_greedy_kernel_under_pdl_feeds_torch_argmax_captured():
     row's token is torch.argmax's (equal largest in two programs: the first), replay after replay."""
     from harness.kernels.fused_greedy import BLOCK, GreedyFeed
 
-    logits = torch.randn(8, 151936, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    logits[3, [3 * BLOCK + 7, 9 * BLOCK + 1]] = 9.0
+    logits = torch.empty(8, 151936, device="cuda")
     ids, tokens = torch.full((8, 1), -1, device="cuda"), torch.full((8,), -1, device="cuda")
     greedy = GreedyFeed(logits, ids, pdl=True)
+
+    def new_logits() -> None:  # each replay's own, with equal largest in two programs' spans of row 3
+        logits.normal_()
+        logits[3, [3 * BLOCK + 7, 9 * BLOCK + 1]] = 9.0
+        tokens.fill_(-1)
+
+    new_logits()
     greedy(tokens)  # compiled before capture
+    assert torch.equal(tokens, logits.argmax(-1)) and tokens[3] == 3 * BLOCK + 7
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         greedy(tokens)
     for _ in range(3):
-        logits.normal_()
-        tokens.fill_(-1)
+        new_logits()
         graph.replay()
-        assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(ids[:, 0], tokens)
+        assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(ids[:, 0], tokens) and tokens[3] == 3 * BLOCK + 7
 
 
 def test_a_fused_attention_that_reads_enough_kv_asks_l2_for_the_mlp_weights_and_is_verified():
