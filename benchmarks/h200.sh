@@ -22,6 +22,10 @@
 # On 2026-12-06 the tree was 32 MiB and that was still too much: the server's own wheels, which no run imports (a
 # sweep logged to MLflow and a GPU test ran without them), came out too, for 26.6 MiB:
 #   rm .whl/{docker,gunicorn,huey,skops,graphql_core,graphene}-*.whl
+# On 2026-12-07 the tree was 32.9 MiB and the 26.6 MiB wheelhouse was refused beside it. These, which a sweep does not
+# import (PYTHONPROFILEIMPORTTIME=1 over a CPU sweep that logged to MLflow), came out too, for 25.0 MiB, accepted:
+#   rm .whl/{wcwidth,prettytable,flask,flask_cors,uvicorn,gitpython,gitdb,smmap,itsdangerous,blinker}-*.whl
+#   rm .whl/pyasn1{,_modules}-*.whl
 # A shell is needed only for the wheelhouse; each sweep is `python -m harness -m +experiment=PRESET`.
 set -u
 RUN=/tmp/h200-run  # a detached run's steps, logs and progress
