@@ -295,9 +295,12 @@ class RunConfig:
     def slots_needed(self) -> int:
         """Cache slots a job fills: the context, then warm-up and decode (and the profiler's steps) in whole
         replays of graph_steps tokens."""
-        k = self.graph_steps
-        return self.context_len + round_up(self.warmup, k) + round_up(self.decode_tokens, k) \
-            + (round_up(self.profile_steps, k) if self.profile else 0)
+        return self.context_len + self.timed_slots() \
+            + (round_up(self.profile_steps, self.graph_steps) if self.profile else 0)
+
+    def timed_slots(self) -> int:
+        """Slots past the context that warm-up and decode fill, each in whole replays of graph_steps tokens."""
+        return round_up(self.warmup, self.graph_steps) + round_up(self.decode_tokens, self.graph_steps)
 
     @property
     def label(self) -> str:

@@ -11,7 +11,6 @@ graph): the tests check them there, on tiny models, against eager and fp32.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from typing import TYPE_CHECKING
@@ -82,13 +81,10 @@ class FusedStepper(GraphedStepper):
     def forward(self) -> torch.Tensor:
         return self.decoder.step()
 
-    def _k_steps(self) -> torch.Tensor:
+    def _feed(self, k: int, logits: torch.Tensor) -> None:
         """graph_steps > 1: each step's argmax fed to the next by a kernel of its own (harness/kernels/
         fused_greedy.py), launched with PDL like the step's, where graphed's are torch's argmax and two copies."""
-        for k in range(self.tokens_per_step):
-            logits = self.forward()
-            self.greedy(self.tokens[k])
-        return logits[: self.bs]
+        self.greedy(self.tokens[k])
 
     def prepare(self, prompt: torch.Tensor) -> FusedStepper:
         """Capture on a GPU (warm-up first: Triton compiles each kernel at its first launch); on a CPU, launch."""
@@ -158,11 +154,8 @@ class FusedMode(DecodeMode):
                                tma=cfg.fused.tma and hopper)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
-        # the slots a timed step reaches past the context: warm-up and decode, each in whole replays of graph_steps
-        after_prompt = sum(math.ceil(tokens / cfg.graph_steps) * cfg.graph_steps for tokens in (cfg.warmup,
-                                                                                             cfg.decode_tokens))
         return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
-                            after_prompt).prepare(prompt)
+                            cfg.timed_slots()).prepare(prompt)
 
 
 def on_hopper(device: torch.device) -> bool:

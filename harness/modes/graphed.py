@@ -71,9 +71,13 @@ class GraphedStepper(Stepper):
     def _k_steps(self) -> torch.Tensor:
         for k in range(self.tokens_per_step):
             logits = self.forward()
-            self.static_ids.copy_(logits.argmax(dim=-1, keepdim=True))
-            self.tokens[k].copy_(self.static_ids[: self.bs, 0])
+            self._feed(k, logits)
         return logits[: self.bs]
+
+    def _feed(self, k: int, logits: torch.Tensor) -> None:
+        """Step k's argmax as the next step's input and the replay's k-th token."""
+        self.static_ids.copy_(logits.argmax(dim=-1, keepdim=True))
+        self.tokens[k].copy_(self.static_ids[: self.bs, 0])
 
     def step(self) -> torch.Tensor:
         self.graph.replay()
