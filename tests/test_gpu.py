@@ -216,6 +216,19 @@ def test_fused_kernels_captured_with_pdl_decode_within_fp32_fidelity(bs, graph_s
     assert m["kl_nats"] <= m["eager_kl_nats"]  # fp32 accumulation: at least native bf16's fidelity (a third, measured)
 
 
+def test_a_fused_graph_of_many_steps_decodes_from_a_kept_context_in_a_cache_that_just_holds_it():
+    """The sweep that failed its fp32 check on an H100 (2026-12-07, Qwen3-0.6B at context 1024, cache 1280,
+    graph_steps=127 after graph_steps=1): a graph of several steps after a job that kept its context, the cache just
+    long enough for the context and two replays. Its capture's warm-up writes neither past the cache nor over the
+    context: the kept context is decoded from, not prefilled again, and the run passes its checks."""
+    tight = ("model=qwen3-0.6b", "mode=fused", "repeats=1", "context_len=128", "warmup=2", "decode_tokens=64",
+             "cache_len=256")
+    assert measure(run_config(*tight)).failure is None  # keeps its context for the next job
+    many = measure(run_config(*tight, "graph_steps=64"))  # 128 + 64 + 64 slots: three warm-up replays would pass 256
+    assert many.failure is None and many.metrics["verified"] == 1.0, many.failure
+    assert many.metrics["prefill_reused"] == 1.0
+
+
 def test_the_greedy_kernel_under_pdl_feeds_torch_argmax_captured():
     """The greedy choice of a graph of several fused steps, compiled for the GPU with PDL's wait and captured: each
     row's token is torch.argmax's (equal largest in two programs: the first), replay after replay."""

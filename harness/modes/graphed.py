@@ -54,7 +54,7 @@ class GraphedStepper(Stepper):
         cache may be empty, and is left for the caller to prefill."""
         fn = self._k_steps if self.feeds_itself else super().step
         start = time.perf_counter()
-        warm_up_on_side_stream(fn)
+        warm_up_on_side_stream(self.from_one_position(fn))
         try:
             self.graph, self.logits, self.graph_bytes = capture(fn, pool)
         except RuntimeError as err:  # e.g. a mixture of experts whose routing asks the host how many tokens
@@ -67,6 +67,23 @@ class GraphedStepper(Stepper):
     def release(self) -> None:
         super().release()
         self.graph = None  # its private pool goes back to the allocator
+
+    def from_one_position(self, fn):
+        """fn, each call of it from one cache position: the cache's now (a kept context's end, or 0 before a
+        prefill), or as late as leaves a call's graph_steps slots inside the cache. A capture's warm-up calls fn
+        SIDE_STREAM_WARMUP times, and calls that went on from one another would write that many replays' K/V after
+        a kept context: past a cache sized for the context, the warm-up and the decode (Qwen3-0.6B at context 1024,
+        cache 1280, graph_steps=127: slots 1024 to 1404, which mode=fused's kernels append to unchecked, over the
+        next head's slots and past the tensor). A cache holds the context and two replays at least
+        (RunConfig.timed_slots), so the calls write after the context, not over it."""
+        layers = self.cache.layers
+        position = min(int(layers[0].cumulative_length), layers[0].max_cache_len - self.tokens_per_step)  # a sync
+
+        def from_position():
+            for layer in layers:
+                layer.cumulative_length.fill_(position)
+            return fn()
+        return from_position
 
     def _k_steps(self) -> torch.Tensor:
         for k in range(self.tokens_per_step):
