@@ -78,8 +78,7 @@ def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor
             target.values[top:top + group, :, :context_len].copy_(source.values)
         first.append(out.logits[:, -1, :].argmax(dim=-1, keepdim=True))
         del staged, out
-    for target in cache.layers:
-        target.cumulative_length.fill_(context_len)
+    kept_context.set_write_position(cache, context_len)
     return torch.cat(first)
 
 
@@ -168,8 +167,7 @@ class Stepper:
 
     def rewind(self) -> None:
         """Back to the state the last prefill left: the same context, the same first token (no host sync)."""
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(self.context_len)
+        kept_context.set_write_position(self.cache, self.context_len)
         self.static_ids.copy_(self.first_ids)
 
     def release(self) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.clock import block_ms
+from harness.modes import kept_context
 from harness.modes.base import CaptureError, DecodeMode, kv_heads_and_dim
 from harness.modes.graphed import SIDE_STREAM_WARMUP, GraphedStepper, capture, warm_up_on_side_stream
 
@@ -129,8 +130,7 @@ class StepTimer:
         return block_ms(self._graphs[id(decoder)][1].replay, self.replays)
 
     def _rewind(self, decoder: FusedDecoder) -> None:
-        for layer in decoder.cache.layers:
-            layer.cumulative_length.fill_(self.position)
+        kept_context.set_write_position(decoder.cache, self.position)
 
 
 class FusedMode(DecodeMode):

@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from harness.modes import kept_context
 from harness.modes.base import CaptureError, DecodeMode, Stepper
 
 SIDE_STREAM_WARMUP = 3  # as the article: lazy init (cuBLAS workspace, kernels) must happen before capture
@@ -76,12 +77,11 @@ class GraphedStepper(Stepper):
         cache 1280, graph_steps=127: slots 1024 to 1404, which mode=fused's kernels append to unchecked, over the
         next head's slots and past the tensor). A cache holds the context and two replays at least
         (RunConfig.timed_slots), so the calls write after the context, not over it."""
-        layers = self.cache.layers
-        position = min(int(layers[0].cumulative_length), layers[0].max_cache_len - self.tokens_per_step)  # a sync
+        first = self.cache.layers[0]
+        position = min(int(first.cumulative_length), first.max_cache_len - self.tokens_per_step)  # a sync
 
         def from_position():
-            for layer in layers:
-                layer.cumulative_length.fill_(position)
+            kept_context.set_write_position(self.cache, position)
             return fn()
         return from_position
 

@@ -70,10 +70,16 @@ def cache_for(layers: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
         drop()
         return None
     _kept.clear()
-    for each in filled.cache.layers:
-        each.cumulative_length.fill_(filled.context_len)
+    set_write_position(filled.cache, filled.context_len)
     _taken.append(filled)
     return filled.cache
+
+
+def set_write_position(cache: StaticCache, position: int) -> None:
+    """Every layer's write position (transformers' `cumulative_length`, a device tensor): the slot the next step's
+    K/V go to. No host sync."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(position)
 
 
 def taken_with(cache: StaticCache) -> Filled | None:
