@@ -38,6 +38,8 @@ round), so that a drift of the GPU falls on every variant alike. On a CUDA GPU:
     python benchmarks/fused_prefetch.py --set splits model=...      # fewer splits; more before blocks narrow
     python benchmarks/fused_prefetch.py --set gateup model=qwen3-8b ...  # an 8B model's gate/up blocks
     python benchmarks/fused_prefetch.py --set warps model=... bs=32  # four warps at 32 rows, or eight
+    python benchmarks/fused_prefetch.py --set study_window model=...  # one replay of 127 steps timed from the
+                                                                    # context, as the public study times its graph
     python benchmarks/fused_prefetch.py --set big_tma --verify 1 model=...  # one variant as a verified harness job:
                      # its constants set, then `python -m harness -m mode=fused model=...` in this process (its checks
                      # against fp32, its record in the store, its `fused_plan` tag naming what ran)
@@ -118,9 +120,9 @@ LOOP_VARIANTS = [
 # `--set chunks`: how many programs the attention's chunks aim at, folded or three launches alike (fewer: longer
 # chunks, fewer queries and merges; at 8 a bs=1 step of an 8-KV-head model has one chunk a KV head, which merges
 # nothing, as the public study's attention)
-CHUNK_VARIANTS = [("the default (one chunk a KV head up to ONE_CHUNK_MAX_SLOTS of prefix)", [], {})] + [
+CHUNK_VARIANTS = [("the default (one chunk a KV head up to one_chunk_max_slots of prefix)", [], {})] + [
     (f"attention chunks for {n} programs", [], dict(ATTENTION_PROGRAMS=n, UNFOLDED_ATTENTION_PROGRAMS=n,
-                                                    ONE_CHUNK_MAX_SLOTS=0))
+                                                    ONE_CHUNK_MAX_SLOTS=0, ONE_CHUNK_MAX_SLOTS_NARROW=0))
     for n in (264, 128, 64, 32, 16, 8)]
 # `--set padding`: the attention's padding query rows masked (the default) or repeating the last head's loads;
 # `--set before`: what changed Qwen3-8B at bs=32 (eight warps, the attention folded) against the kernels before
@@ -469,6 +471,18 @@ REACH_VARIANTS = [("the rules before", [], {}),
                   ("the copies-first rule at every width (the rule since)", [],
                    dict(COPIES_FIRST_FROM_HIDDEN=1024, TMA_COPIES_FIRST_WARPS=4))]
 
+# `--set study_window` (no graph_steps in the overrides: each variant names its own): the public study's scope, one
+# replay of all 127 steps with the argmax inside, timed from the context (positions 32-159 at its workload) as the
+# study times it, where a harness job's window starts after a whole warm-up replay (159-286). Its first variant is one
+# step a replay (the argmax not in the graph, not fed); the next two differ only in the attention's plan, sized for the
+# job's longest prefix (286 slots): 8 chunks a KV head in three launches (one chunk up to 256 slots, the rule before),
+# or one chunk a KV head (the rule since, one_chunk_max_slots; measured first as ONE_CHUNK_MAX_SLOTS=512, the same plan
+# at this workload), the plan the study's window alone would take under either
+STUDY_WINDOW_VARIANTS = [("one step a replay, the argmax outside the graph", ["graph_steps=1"], {}),
+                         ("one replay of 127 steps, the argmax inside, 8 chunks a KV head in three launches",
+                          ["graph_steps=127"], dict(ONE_CHUNK_MAX_SLOTS_NARROW=256)),
+                         ("one replay of 127 steps, the argmax inside, one chunk a KV head", ["graph_steps=127"], {})]
+
 
 def as_measured(variants: list, before: dict = BEFORE_COPIES_FIRST) -> list:
     """A set measured before a rule (by default the copies-first rule), each variant as it ran then (`_matvec_tma` at
@@ -489,7 +503,7 @@ SETS = {"prefetch": VARIANTS, "attention": ATTENTION_VARIANTS, "unfolded_chunks"
         "attention_warps": ATTENTION_WARPS_VARIANTS,
         "copies_first": as_measured(COPIES_FIRST_VARIANTS, BEFORE_QKV_FIRST),
         "qkv_o_first": as_measured(QKV_O_FIRST_VARIANTS, BEFORE_QKV_FIRST),
-        "copies_first_reach": as_measured(REACH_VARIANTS, BEFORE_REACH)}
+        "copies_first_reach": as_measured(REACH_VARIANTS, BEFORE_REACH), "study_window": STUDY_WINDOW_VARIANTS}
 # The sets of the designs taken out of the kernels' code, measured slower (docs/benchmarks.md, "the designs taken out"),
 # and the commit that still holds each, where it runs as it ran
 TAKEN_OUT = dict.fromkeys(("into_o", "into_qkv", "mlp", "persistent", "waits"), "f561a71")
@@ -498,7 +512,8 @@ DEFAULTS = {name: getattr(fused_decode, name) for name in (
     "L2_PREFETCH_BYTES", "ROLLING_PREFETCH", "tile_sizes", "merge_block", "PIPELINE_STAGES", "ATTENTION_PROGRAMS",
     "QUERY_PADDING_MASKED", "KV_PREFETCH", "NEW_KV_IN_REGISTERS", "MERGE_HEADS_TOGETHER", "PROGRAMS_PER_SM",
     "MAX_SPLITS", "WIDE_MAX_SPLITS", "CHUNKS_BY_PREFIX", "FEWER_WARPS_FROM_ROWS", "FEWER_WARPS_FROM_HIDDEN",
-    "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS", "LAUNCH_AT", "ATTENTION_LAUNCH_AT_START",
+    "POSITION_BEFORE_WAIT", "PAST_KV_BEFORE_WAIT", "ONE_CHUNK_MAX_SLOTS", "ONE_CHUNK_MAX_SLOTS_NARROW", "LAUNCH_AT",
+    "ATTENTION_LAUNCH_AT_START",
     "SLICE_VALUES_A_THREAD", "SLICED_KINDS", "PAST_KV_BEFORE_QUERIES", "SLICE_VALUES_A_THREAD_NARROW", "TMA_KINDS",
     "TMA_STAGES", "TMA_FROM_HIDDEN", "TMA_STAGES_OF", "TMA_STAGES_WIDE", "TMA_WIDE_PROGRAMS_PER_SM",
     "SLICE_MAX_HIDDEN", "SLICE_MORE_WARPS_FROM", "GATE_UP_TILE_COLUMNS", "TMA_LARGE_FROM_HIDDEN", "TMA_LARGE_STAGES",
@@ -524,14 +539,17 @@ def build(model, prompt, overrides: list[str], extra: list[str], constants: dict
     stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
     stepper.restart(prompt)
     for _ in range(10):
+        if stepper.feeds_itself:  # a graph of several steps: ten replays on from one another could pass the cache
+            stepper.rewind()
         stepper.step()
     return stepper
 
 
 def step_ms(stepper) -> float:
-    """ms a step over one block of STEPS replays from the prefilled context (one pair of events, no sync inside)."""
+    """ms a step over one block of STEPS steps from the prefilled context (one pair of events, no sync inside): STEPS
+    replays of one step, or as few replays of a graph of several steps as make STEPS (one of 127 steps)."""
     stepper.rewind()
-    return block_ms(stepper.step, STEPS)
+    return block_ms(stepper.step, -(-STEPS // stepper.tokens_per_step)) / stepper.tokens_per_step
 
 
 def main(overrides: list[str]) -> None:

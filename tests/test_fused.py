@@ -263,16 +263,30 @@ def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slo
     assert_same_cache(run, wide_run, 133)  # keys and values
 
 
-def test_one_attention_chunk_a_kv_head_up_to_256_slots_of_prefix():
-    """One chunk a (row, KV head), nothing to merge, where the longest prefix is 256 slots or fewer, at any batch;
-    past that, the grid for about 264 programs (at 394 slots one chunk was 11% slower for Qwen3-0.6B, at 478 0.8%
-    slower for Llama-3.2-1B, on the H200)."""
+def test_one_attention_chunk_a_kv_head_up_to_256_slots_of_prefix_or_384_at_bs1_with_heads_of_64():
+    """One chunk a (row, KV head), nothing to merge, where the longest prefix is 256 slots or fewer, at any batch and
+    head width; at bs=1 with heads of at most 64 (Llama-3.2-1B's), up to 384 (its graph of 127 steps at the study's
+    workload plans for 286 slots: one chunk 1.7% faster than 8, verified, on an H100). Past that, the grid for about
+    264 programs (at 394 slots one chunk was 11% slower for Qwen3-0.6B, heads of 128; at 478 0.8% slower for
+    Llama-3.2-1B, on the H200)."""
     chunks = functools.partial(fused_decode.attention_chunks, programs=fused_decode.ATTENTION_PROGRAMS)
     for rows in (1, 8, 32):
-        assert chunks(rows, 8, 170) == chunks(rows, 8, 256) == 1
-        assert chunks(rows, 8, 257) == fused_decode.splits_for(rows, 8, 257, 264)
-    assert chunks(1, 8, 257) == 8 and chunks(8, 8, 394) == 4
-    assert chunks(1, 8, 1290) == 32  # Qwen3-0.6B at context 1024
+        for head_dim in (64, 128):
+            assert chunks(rows, 8, 170, head_dim=head_dim) == chunks(rows, 8, 256, head_dim=head_dim) == 1
+        assert chunks(rows, 8, 257, head_dim=128) == fused_decode.splits_for(rows, 8, 257, 264)
+    assert chunks(1, 8, 257, head_dim=128) == 8 and chunks(8, 8, 394, head_dim=128) == 4
+    assert chunks(1, 8, 286, head_dim=64) == chunks(1, 8, 384, head_dim=64) == 1  # Llama-3.2-1B, 127 steps a replay
+    assert chunks(1, 8, 385, head_dim=64) == fused_decode.splits_for(1, 8, 385, 264) > 1
+    assert chunks(8, 8, 286, head_dim=64) == fused_decode.splits_for(8, 8, 286, 264) > 1  # bs=8: not measured
+    assert chunks(1, 8, 1290, head_dim=128) == 32  # Qwen3-0.6B at context 1024
+
+
+def test_the_attention_of_one_chunk_is_folded_at_bs1_as_far_as_one_chunk_reaches():
+    """A single chunk merges nothing, so its attention is one kernel, never the three launches: Llama-3.2-1B at bs=1
+    and the study's workload as one graph of 127 steps (prefix up to 286 slots) folds, and past 384 slots takes three
+    launches as before; Qwen3-0.6B (heads of 128) takes three launches past 256."""
+    assert _folded_at("llama-3.2-1b", 1, 32, 254) and not _folded_at("llama-3.2-1b", 1, 32, 400)
+    assert _folded_at("qwen3-0.6b", 1, 32, 200) and not _folded_at("qwen3-0.6b", 1, 32, 254)
 
 
 @pytest.fixture
@@ -295,7 +309,7 @@ def _folded_at(model_name: str, rows: int, context: int, steps: int = 138, **opt
     prefix, bf16 = context + steps + 1, 2
     kv_bytes = 2 * rows * m.num_key_value_heads * prefix * m.head_dim * bf16
     mlp_bytes = 3 * m.hidden_size * m.intermediate_size * bf16
-    return fused_decode.attention_folded(FusedOptions(**options), rows, prefix, kv_bytes, mlp_bytes)
+    return fused_decode.attention_folded(FusedOptions(**options), rows, prefix, kv_bytes, mlp_bytes, m.head_dim)
 
 
 def test_the_attention_takes_its_three_launches_back_at_bs1_past_one_chunk_unless_it_hosts_the_mlp_weights():
@@ -319,9 +333,10 @@ def test_the_attention_takes_its_three_launches_back_at_bs1_past_one_chunk_unles
 
 
 def test_a_bs1_fused_job_past_one_chunk_runs_the_attention_as_three_launches_and_verifies():
-    """The rule in a job: a bs=1 run whose longest prefix passes one chunk a KV head (a tiny model's K/V ask L2 for
-    none of its MLP) launches seven kernels a layer, computes what fp32 does, and its plan tag says why."""
-    result = measure(run_config(*FUSED, "bs=1", "context_len=260", "cache_len=320"))
+    """The rule in a job: a bs=1 run whose longest prefix passes one chunk a KV head (384 slots for the tiny model's
+    heads of 16; its K/V ask L2 for none of its MLP) launches seven kernels a layer, computes what fp32 does, and its
+    plan tag says why."""
+    result = measure(run_config(*FUSED, "bs=1", "context_len=390", "cache_len=448"))
     m, plan = result.metrics, result.mode_tags["fused_plan"]
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert m["kernel_launches_per_step"] == 7 * 2 + 1 and m["attention_chunks_per_kv_head"] > 1
@@ -369,7 +384,8 @@ def test_a_fused_run_logs_its_attention_chunks_a_kv_head(steps_after_prompt, one
     stepper = FusedStepper(model, prompt, cfg.cache_len, FusedOptions(pdl=False), steps_after_prompt=steps_after_prompt)
     chunks = stepper.metrics["attention_chunks_per_kv_head"]
     assert chunks == stepper.decoder.attn_acc.shape[2] == fused_decode.attention_chunks(
-        2, model.config.num_key_value_heads, 100 + steps_after_prompt + 1, fused_decode.ATTENTION_PROGRAMS)
+        2, model.config.num_key_value_heads, 100 + steps_after_prompt + 1, fused_decode.ATTENTION_PROGRAMS,
+        model.config.head_dim)
     assert (chunks == 1) == one_chunk
 
 

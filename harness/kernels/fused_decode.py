@@ -171,6 +171,12 @@ CHUNKS_BY_PREFIX = True
 # Qwen3-0.6B (head dim 128) 11.4% more at about 394 (2.0% at bs=8); so neither more slots nor a limit on the bytes of
 # keys a chunk reads (64 KB: 512 slots of Llama-3.2-1B's heads) is taken
 ONE_CHUNK_MAX_SLOTS = 256
+# Except at bs=1 with heads at most NARROW_HEAD_DIM wide, where one chunk reaches ONE_CHUNK_MAX_SLOTS_NARROW slots (48
+# KB of keys a chunk at head dim 64, bf16): Llama-3.2-1B at the study's workload as one graph of 127 steps (its plan sized
+# for 286 slots: 8 chunks in three launches under the rule above) took 1.7% less a step with one chunk, verified, and
+# 3.8% less timed over the study's own window (positions 32-159, benchmarks/fused_prefetch.py --set study_window),
+# paired on one H100 (GPU-ede9b7a7, 2026-12-07); with the 394 and 478 slots above, on an H200, the limit sits between
+ONE_CHUNK_MAX_SLOTS_NARROW, NARROW_HEAD_DIM = 384, 64
 # fused.slices: where a step decodes at most SLICE_MAX_ROWS rows, each product's program multiplies a few whole rows
 # of the weight (row-major) by a split of K of at most SLICE_COLUMNS, loaded in one go before its PDL wait and
 # summed on CUDA cores, instead of looping over 64 x 128 tiles on tensor cores: all of a program's weight bytes are
@@ -196,7 +202,7 @@ SLICE_MAX_HIDDEN = 2048
 # (0.7 MB) Qwen3-0.6B's step took 1.8% longer, Llama-3.2-1B's 0.3% (bs=1; at bs=8, 5.6 MB, -0.4% and +0.1%)
 WEIGHTS_AHEAD_BYTES = 6 << 20
 WEIGHTS_AHEAD_FROM_KV_BYTES = 1 << 20
-# At bs=1 past one chunk a KV head (ONE_CHUNK_MAX_SLOTS) the folded attention gives back its three launches, except
+# At bs=1 past one chunk a KV head (one_chunk_max_slots) the folded attention gives back its three launches, except
 # where it reads at least FOLD_MIN_KV_BYTES of K/V a layer and asks L2 for at least FOLD_MIN_AHEAD_SHARE of the layer's
 # MLP weights (fused.weights_ahead's budget and K/V window, as a GPU's plan would, whether or not the switch is on):
 # past one chunk the fold pays only as the host of that request over a chain long enough to hide it. The three
@@ -1080,10 +1086,16 @@ def merge_block(valid_slots: int, splits: int) -> int:
     return min(MAX_MERGE_BLOCK, triton.next_power_of_2(chunks))
 
 
-def attention_chunks(rows: int, kv_heads: int, longest_prefix: int, programs: int) -> int:
+def one_chunk_max_slots(rows: int, head_dim: int) -> int:
+    """The longest prefix whose attention takes one chunk a (row, KV head): ONE_CHUNK_MAX_SLOTS, or at one row of
+    narrow heads ONE_CHUNK_MAX_SLOTS_NARROW."""
+    return ONE_CHUNK_MAX_SLOTS_NARROW if rows == 1 and head_dim <= NARROW_HEAD_DIM else ONE_CHUNK_MAX_SLOTS
+
+
+def attention_chunks(rows: int, kv_heads: int, longest_prefix: int, programs: int, head_dim: int) -> int:
     """Chunks a (row, KV head) of the attention's grid for a run whose longest prefix is `longest_prefix` slots: one
-    up to ONE_CHUNK_MAX_SLOTS, else as many as bring the programs to about `programs` (splits_for)."""
-    if longest_prefix <= ONE_CHUNK_MAX_SLOTS:
+    up to one_chunk_max_slots, else as many as bring the programs to about `programs` (splits_for)."""
+    if longest_prefix <= one_chunk_max_slots(rows, head_dim):
         return 1
     return splits_for(rows, kv_heads, longest_prefix, programs)
 
@@ -1094,14 +1106,15 @@ def kv_within_ahead_window(kv_bytes: int) -> bool:
     return WEIGHTS_AHEAD_FROM_KV_BYTES <= kv_bytes <= WEIGHTS_AHEAD_BYTES
 
 
-def attention_folded(options: FusedOptions, rows: int, longest_prefix: int, kv_bytes: int, mlp_bytes: int) -> bool:
+def attention_folded(options: FusedOptions, rows: int, longest_prefix: int, kv_bytes: int, mlp_bytes: int,
+                     head_dim: int) -> bool:
     """Whether a layer's attention is one kernel (folded) or three launches: as fused.fold_attention says, except at
     bs=1 past one chunk a KV head, where it folds only if it reads at least FOLD_MIN_KV_BYTES of K/V (`kv_bytes` a
     layer) and the weights it would ask L2 for ahead of the MLP (of `mlp_bytes`) are at least FOLD_MIN_AHEAD_SHARE of
     them."""
     if not options.fold_attention:
         return False
-    if rows > 1 or longest_prefix <= ONE_CHUNK_MAX_SLOTS:
+    if rows > 1 or longest_prefix <= one_chunk_max_slots(rows, head_dim):
         return True
     asked = min(mlp_bytes, WEIGHTS_AHEAD_BYTES) if kv_within_ahead_window(kv_bytes) else 0
     return kv_bytes >= FOLD_MIN_KV_BYTES and asked >= FOLD_MIN_AHEAD_SHARE * mlp_bytes
@@ -1439,7 +1452,7 @@ class FusedDecoder:
         self.longest_prefix = min(longest_prefix or capacity, capacity)
         mlp_bytes = sum(w.numel() * w.element_size() for w in (self.layers[0].gate_up.weight,
                                                                self.layers[0].down.weight))
-        self.folded = attention_folded(options, rows, self.longest_prefix, self._kv_bytes(), mlp_bytes)
+        self.folded = attention_folded(options, rows, self.longest_prefix, self._kv_bytes(), mlp_bytes, self.head_dim)
         self._buffers(cache.layers[0].keys)
         self.merge_block = merge_block(self.longest_prefix, self.attn_acc.shape[2])
 
@@ -1511,7 +1524,7 @@ class FusedDecoder:
         capacity (CHUNKS_BY_PREFIX), aimed at the folded kernel's programs or the three launches'."""
         programs = ATTENTION_PROGRAMS if self.folded else UNFOLDED_ATTENTION_PROGRAMS
         if CHUNKS_BY_PREFIX:
-            return attention_chunks(self.rows, self.kv_heads, self.longest_prefix, programs)
+            return attention_chunks(self.rows, self.kv_heads, self.longest_prefix, programs, self.head_dim)
         return splits_for(self.rows, self.kv_heads, self.cache.layers[0].max_cache_len, programs)
 
     def _kv_bytes(self) -> int:
