@@ -172,10 +172,11 @@ CHUNKS_BY_PREFIX = True
 # keys a chunk reads (64 KB: 512 slots of Llama-3.2-1B's heads) is taken
 ONE_CHUNK_MAX_SLOTS = 256
 # Except at bs=1 with heads at most NARROW_HEAD_DIM wide, where one chunk reaches ONE_CHUNK_MAX_SLOTS_NARROW slots (48
-# KB of keys a chunk at head dim 64, bf16): Llama-3.2-1B at the study's workload as one graph of 127 steps (its plan sized
-# for 286 slots: 8 chunks in three launches under the rule above) took 1.7% less a step with one chunk, verified, and
-# 3.8% less timed over the study's own window (positions 32-159, benchmarks/fused_prefetch.py --set study_window),
-# paired on one H100 (GPU-ede9b7a7, 2026-12-07); with the 394 and 478 slots above, on an H200, the limit sits between
+# KB of keys a chunk at head dim 64, bf16): Llama-3.2-1B at the study's workload as one graph of 127 steps (its plan
+# sized for 286 slots: 8 chunks in three launches under the rule above) took 1.7% less a step with one chunk (0.988
+# against 1.005 ms, verified jobs in one call on one H100, GPU-ede9b7a7, 2026-12-07), and 3.8% less timed over the
+# study's own window (positions 32-159, benchmarks/fused_prefetch.py --set study_window), paired on that H100 and on
+# another; with the 394 and 478 slots above, on an H200, the limit sits between
 ONE_CHUNK_MAX_SLOTS_NARROW, NARROW_HEAD_DIM = 384, 64
 # fused.slices: where a step decodes at most SLICE_MAX_ROWS rows, each product's program multiplies a few whole rows
 # of the weight (row-major) by a split of K of at most SLICE_COLUMNS, loaded in one go before its PDL wait and
