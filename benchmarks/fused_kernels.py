@@ -95,6 +95,8 @@ def warm_fused_stepper(model, prompt, cfg, steps: int = 10):
     stepper = FusedMode().prepare(model, prompt, cfg)
     stepper.restart(prompt)
     for _ in range(steps):
+        if stepper.feeds_itself:  # a graph of several steps: replays on from one another could pass the cache
+            stepper.rewind()
         stepper.step()
     return stepper
 

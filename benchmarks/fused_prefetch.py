@@ -54,13 +54,14 @@ import sys
 
 import torch
 
-from fused_kernels import fused_model_and_prompt  # this folder's (run as `python benchmarks/fused_prefetch.py`)
+# this folder's (run as `python benchmarks/fused_prefetch.py`)
+from fused_kernels import fused_model_and_prompt, warm_fused_stepper
 from harness.cli.main import main as cli_main
 from harness.clock import block_ms
 from harness.cli.precheck import compose_single_run
 from harness.kernels import fused_decode
 from harness.measure.stats import paired_ratio_interval
-from harness.modes.fused import FusedMode
+from harness.measure.timing import calls_for
 
 def tiles(bn: int, bk: int, warps: int):
     """tile_sizes in place of fused_decode's: every product on the GPU in BN x BK tiles on that many warps."""
@@ -534,22 +535,15 @@ def set_constants(constants: dict) -> None:
 def build(model, prompt, overrides: list[str], extra: list[str], constants: dict):
     """A captured fused stepper planned and launched with the variant's module constants (the others at their
     defaults)."""
-    set_constants(constants)
-    cfg = compose_single_run(["mode=fused", *overrides, *extra])
-    stepper = FusedMode().prepare(model, prompt, cfg)  # captured: the launch arguments are fixed in the graph
-    stepper.restart(prompt)
-    for _ in range(10):
-        if stepper.feeds_itself:  # a graph of several steps: ten replays on from one another could pass the cache
-            stepper.rewind()
-        stepper.step()
-    return stepper
+    set_constants(constants)  # before the capture: the launch arguments are fixed in the graph
+    return warm_fused_stepper(model, prompt, compose_single_run(["mode=fused", *overrides, *extra]))
 
 
 def step_ms(stepper) -> float:
     """ms a step over one block of STEPS steps from the prefilled context (one pair of events, no sync inside): STEPS
     replays of one step, or as few replays of a graph of several steps as make STEPS (one of 127 steps)."""
     stepper.rewind()
-    return block_ms(stepper.step, -(-STEPS // stepper.tokens_per_step)) / stepper.tokens_per_step
+    return block_ms(stepper.step, calls_for(stepper, STEPS)) / stepper.tokens_per_step
 
 
 def main(overrides: list[str]) -> None:
