@@ -1,7 +1,7 @@
 # A device call's first lines, sourced by the call's own script (kept beside its outputs under docs/results/) and by
 # benchmarks/h200.sh:
 #   BUDGET=560; source benchmarks/device_steps.sh
-#   step pairs 90 python3 benchmarks/fused_prefetch.py --set attention model=...   # NAME, seconds it needs, command
+#   step pairs 90 python3 benchmarks/fused_variants.py --variant attention_programs=128 model=...   # NAME, seconds it needs, command
 # It installs the wheelhouse carried in .whl/ (the device reaches no package index; benchmarks/h200.sh says how to
 # build it), writes the machine's GPU, driver and versions to $OUT/machine.txt, and defines:
 #   left: seconds left of BUDGET, counted from the source;

@@ -24,7 +24,7 @@ COLUMNS = ("Duration", "DRAM Throughput", "L1/TEX Cache Throughput", "L2 Cache T
 def replay_in_profiler_range(overrides: list[str]) -> None:
     import torch
 
-    from fused_kernels import fused_model_and_prompt, warm_fused_stepper  # this folder's (run as a script)
+    from common import fused_model_and_prompt, warm_fused_stepper  # this folder's (run as a script)
 
     cfg, model, prompt = fused_model_and_prompt(overrides)
     with torch.inference_mode():

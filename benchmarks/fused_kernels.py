@@ -4,8 +4,7 @@ of the captured step; then the step's time by CUDA events and the GPU's idle sha
 overlap, so each also gets its share of the step's path: how far its end lies past the latest end before it, and
 how long it ran beside the kernel before (path_times). On a CUDA GPU:
     python benchmarks/fused_kernels.py model=llama-3.2-1b bs=1 context_len=32 cache_len=16384 [fused.pdl=false ...]
-    python benchmarks/fused_kernels.py --variant attention:1 model=...   # the step of benchmarks/fused_prefetch.py's
-                                                     # --set attention variant 1: its module constants and overrides
+    python benchmarks/fused_kernels.py --knobs one_chunk_max_slots=512 model=...   # a variant's step (common.py)
 """
 from __future__ import annotations
 
@@ -15,11 +14,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from common import fused_model_and_prompt, knobs_from, warm_fused_stepper
 from harness.clock import cuda_event_ms
-from harness.cli.precheck import compose_single_run
-from harness.measure.job import seeded_prompt
-from harness.models import get_model
-from harness.modes.fused import FusedMode
 
 QKV, ATTENTION, O, GATE_UP, DOWN = ("qkv (norm, matvec)", "attention (rope, append, split-KV, merge)", "o_proj",
                                     "gate/up (norm, matvec, SiLU)", "down_proj")
@@ -28,7 +24,7 @@ STEPS = 50
 
 def layer_kernels(decoder) -> tuple[str, ...]:
     """A layer's kernels in launch order, as the decoder plans them: the attention folded into one, or as three
-    (fused.fold_attention=false, or past one chunk at bs=1 by fused_decode.attention_folded's rule)."""
+    (fused.fold_attention=false, or past one chunk at bs=1 by attention_folded's rule)."""
     if decoder.folded:
         attention = (QKV, ATTENTION, O)
     else:
@@ -81,30 +77,10 @@ def path_times(ranges: list[tuple[float, float]]) -> tuple[list[float], list[flo
     return shares, head_starts
 
 
-def fused_model_and_prompt(overrides: list[str]):
-    """The config, the model (on the GPU) and the seeded prompt that `python -m harness mode=fused ...` builds."""
-    cfg = compose_single_run(["mode=fused", *overrides])
-    device = torch.device("cuda")
-    model = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed).model
-    return cfg, model, seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
-
-
-def warm_fused_stepper(model, prompt, cfg, steps: int = 10):
-    """mode=fused's captured stepper for the run, restarted from the prompt and replayed `steps` times (call under
-    torch.inference_mode)."""
-    stepper = FusedMode().prepare(model, prompt, cfg)
-    stepper.restart(prompt)
-    for _ in range(steps):
-        if stepper.feeds_itself:  # a graph of several steps: replays on from one another could pass the cache
-            stepper.rewind()
-        stepper.step()
-    return stepper
-
-
-def main(overrides: list[str]) -> None:
+def main(overrides: list[str], knobs=None) -> None:
     cfg, model, prompt = fused_model_and_prompt(overrides)
     with torch.inference_mode():
-        stepper = warm_fused_stepper(model, prompt, cfg)
+        stepper = warm_fused_stepper(model, prompt, cfg, knobs)
         step_ms = sorted(cuda_event_ms(stepper.step, STEPS))[STEPS // 2]  # the median step
         stepper.rewind()
         decoder = stepper.decoder
@@ -139,24 +115,9 @@ def report(cfg, stepper, times: dict[str, list[tuple[float, float]]], step_ms: f
               f"{beside[name] * STEPS / calls:.2f} |")
 
 
-def variant_overrides(spec: str) -> list[str]:
-    """`--variant SET:I`: variant I of benchmarks/fused_prefetch.py's set SET, its module constants set in
-    fused_decode (every other at its default); returns the overrides it adds to the command line's."""
-    import fused_prefetch  # this folder's; imported here because it imports this module
-
-    name, _, index = spec.partition(":")
-    variants = fused_prefetch.SETS.get(name)
-    if variants is None or not index.isdigit() or int(index) >= len(variants):
-        sys.exit(f"--variant {spec}: give SET:I, a set of benchmarks/fused_prefetch.py "
-                 f"({', '.join(fused_prefetch.SETS)}) and the index of one of its variants")
-    label, extra, constants = variants[int(index)]
-    fused_prefetch.set_constants(constants)
-    print(f"variant {spec}: {label}")
-    return list(extra)
-
-
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if args[:1] == ["--variant"]:
-        args = args[2:] + variant_overrides(" ".join(args[1:2]))
-    main(args)
+    if args[:1] == ["--knobs"] and len(args) > 1:
+        main(args[2:], knobs_from(args[1]))
+    else:
+        main(args)

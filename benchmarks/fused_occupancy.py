@@ -6,7 +6,7 @@ limits applied; each compiled with its arguments specialised as Triton's JIT spe
 whose tiles stream through TMA (fused.tma) is `_matvec_tma`, compiled the same way: its shared memory is its stages'
 tiles, and it asks for no weights before its wait (the copies start after it). On any machine:
     python benchmarks/fused_occupancy.py model=llama-3.2-1b [bs=1 ...]
-    python benchmarks/fused_occupancy.py --set study model=qwen3-0.6b      # each variant of a fused_prefetch.py set
+    python benchmarks/fused_occupancy.py --knobs copies_first_warps=8 model=qwen3-0.6b   # a variant's plan
 The GPU decides what the compiler does not say (how the programs of two kernels share an SM under PDL, how fast a
 wave drains); this says what the plans allow: the programs a wave, the waves a product, and the weights a wave asks
 for before its PDL wait.
@@ -30,25 +30,30 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import mangle_type
 
+from common import knobs_from
 from harness.cli.precheck import compose_single_run
-from harness.kernels import fused_decode, tma_before_wait
+from harness.kernels.fused import copies_first, plan as fused_plan
+from harness.kernels.fused.knobs import KNOBS
+from harness.kernels.fused.plan import SPLITTABLE_KINDS, Product, launch_point, plan, plan_swiglu
+from harness.kernels.fused.products import (ADD, LOGITS, PARTIALS, PLAIN, SWIGLU, _matvec, _matvec_tma,
+                                            product_constants, product_sizes)
 
-# An H200's (and H100's) streaming multiprocessor, sm_90: CUDA's occupancy limits
+# An H200's (and H100's) streaming multiprocessor, sm_90: CUDA's occupancy limits, and the SMs of either
 REGISTERS_AN_SM, THREADS_AN_SM, PROGRAMS_AN_SM, SHARED_BYTES_AN_SM = 65536, 2048, 32, 228 * 1024
 SHARED_BYTES_RESERVED_A_PROGRAM = 1024  # the runtime's share of each resident block's shared memory
 REGISTER_UNIT = 256  # a warp's registers are allocated in units of this many
-SM90 = GPUTarget("cuda", 90, 32)
+SM90, SMS = GPUTarget("cuda", 90, 32), fused_plan.HOPPER_SMS
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 # Each kind's input, output and pointer types as FusedDecoder._product launches it, past the first layer
 POINTERS = dict(X="*fp32", ResOut="*fp32", Ids="*i64", Gain="*bf16", W="*bf16", Out="*fp32", SquaresOut="*fp32",
                 Bump="*i64")
 LAUNCHED_AS = {  # kind: (X, Out, norm, output, bump)
-    "qkv": ("*fp32", "*fp32", True, fused_decode.PARTIALS, False),
-    "o": ("*bf16", "*fp32", False, fused_decode.ADD, False),
-    "gate_up": ("*fp32", "*bf16", True, fused_decode.SWIGLU, False),
-    "down": ("*bf16", "*fp32", False, fused_decode.ADD, False),
-    "lm_head": ("*fp32", "*fp32", True, fused_decode.LOGITS, True),
+    "qkv": ("*fp32", "*fp32", True, PARTIALS, False),
+    "o": ("*bf16", "*fp32", False, ADD, False),
+    "gate_up": ("*fp32", "*bf16", True, SWIGLU, False),
+    "down": ("*bf16", "*fp32", False, ADD, False),
+    "lm_head": ("*fp32", "*fp32", True, LOGITS, True),
 }
 
 
@@ -61,7 +66,7 @@ def programs_an_sm(registers: int, warps: int, shared_bytes: int) -> int:
     return min(by_threads, by_registers, by_shared, PROGRAMS_AN_SM)
 
 
-def step_products(model_cfg, rows: int, options: fused_decode.FusedOptions) -> dict[str, fused_decode.Product]:
+def step_products(model_cfg, rows: int, options, knobs) -> dict[str, Product]:
     """Each kind's product of one layer (and lm_head) as a GPU's rules plan it for `rows` batch rows (planned
     here, with Triton's interpreter taken as off: the interpreter's plans are its own), over bf16 weights of the
     model's shapes whose values are never read."""
@@ -71,19 +76,18 @@ def step_products(model_cfg, rows: int, options: fused_decode.FusedOptions) -> d
     def weight(n: int, k: int) -> torch.Tensor:
         return torch.empty(n, k, dtype=torch.bfloat16)
 
-    with mock.patch.object(fused_decode, "interpreted", lambda: False):
-        plan = lambda kind, n, k: fused_decode.plan(weight(n, k), options, kind in fused_decode.SPLITTABLE_KINDS,
-                                                    rows, hidden, kind=kind)
-        return {"qkv": plan("qkv", (heads + 2 * kv_heads) * d, hidden), "o": plan("o", hidden, heads * d),
-                "gate_up": fused_decode.plan_swiglu(weight(inter, hidden), weight(inter, hidden), options, rows,
-                                                    hidden),
-                "down": plan("down", hidden, inter), "lm_head": plan("lm_head", model_cfg.vocab_size, hidden)}
+    with mock.patch.object(fused_plan, "interpreted", lambda: False):
+        planned = lambda kind, n, k: plan(weight(n, k), options, knobs, kind in SPLITTABLE_KINDS, rows, hidden,
+                                          kind=kind)
+        return {"qkv": planned("qkv", (heads + 2 * kv_heads) * d, hidden), "o": planned("o", hidden, heads * d),
+                "gate_up": plan_swiglu(weight(inter, hidden), weight(inter, hidden), options, knobs, rows, hidden),
+                "down": planned("down", hidden, inter), "lm_head": planned("lm_head", model_cfg.vocab_size, hidden)}
 
 
-def launch_sizes(kind: str, product: fused_decode.Product, rows: int) -> dict[str, int]:
+def launch_sizes(kind: str, product: Product, rows: int) -> dict[str, int]:
     """The integers `product`'s `_matvec` is launched with in the step (launch_product's, x's row stride first): x
     is a whole row of K wide, and gate/up's output half its columns."""
-    sizes = fused_decode.product_sizes(product, rows, product.n // 2 if kind == "gate_up" else product.n, eps=0.0)
+    sizes = product_sizes(product, rows, product.n // 2 if kind == "gate_up" else product.n, eps=0.0)
     del sizes["eps"]  # a float: the JIT does not specialise it
     return dict(x_row=product.k, **sizes, prefetch_ahead=product.prefetch_ahead)
 
@@ -95,23 +99,23 @@ def specialised(sizes: dict[str, int]) -> tuple[dict[str, int], list[str]]:
     return ones, [*POINTERS, *(name for name, value in sizes.items() if value != 1 and value % 16 == 0)]
 
 
-def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = True) -> tuple[int, int, int]:
+def resources(kind: str, product: Product, rows: int, pdl: bool = True) -> tuple[int, int, int]:
     """(registers a thread, shared bytes a program, 16-byte loads a thread issues before its PDL wait) of
     `product`'s kernel (`_matvec`, or `_matvec_tma` where its tiles stream through TMA) as ptxas compiles it for
     sm_90, its arguments specialised as the JIT specialises the step's (launch_product's)."""
     if product.copies_first:
         return copies_first_resources(kind, product, rows, pdl)
     x, out, norm, output, bump = LAUNCHED_AS[kind]
-    constants = fused_decode.product_constants(product, rows, fused_decode.PLAIN, output, norm, bump, pdl)
+    constants = product_constants(product, rows, PLAIN, output, norm, bump, pdl)
     warps = constants.pop("num_warps")
     constants.pop("launch_pdl", None)
     types = {**POINTERS, "X": x, "Out": out, "eps": "fp32"}
     if product.descriptor is None:
-        kernel = fused_decode._matvec
-        constants.update(STAGES=fused_decode.PIPELINE_STAGES, ONE_TILE=product.one_tile)
+        kernel = _matvec
+        constants.update(ONE_TILE=product.one_tile)
     else:  # the descriptor's type names its tile: what the JIT would take from the descriptor itself
-        kernel = fused_decode._matvec_tma
-        constants.update(STAGES=product.stages, FIRST=fused_decode.TMA_FIRST_BEFORE_WAIT)
+        kernel = _matvec_tma
+        constants.update(STAGES=product.stages)
         types["Wdesc"] = mangle_type(product.descriptor)
     sizes = {name: value for name, value in launch_sizes(kind, product, rows).items() if name in kernel.arg_names}
     compiled = compiled_for_sm90(ASTSource, kernel, types, sizes, constants, warps)
@@ -121,17 +125,16 @@ def resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool = T
     return cubin_registers(compiled), compiled.metadata.shared, wide_loads
 
 
-def copies_first_resources(kind: str, product: fused_decode.Product, rows: int, pdl: bool) -> tuple[int, int, int]:
-    """`resources` of a product run as tma_before_wait.py's Gluon kernel, its arguments as its launch passes them
+def copies_first_resources(kind: str, product: Product, rows: int, pdl: bool) -> tuple[int, int, int]:
+    """`resources` of a product run as copies_first.py's Gluon kernel, its arguments as its launch passes them
     (none of its loads before the wait is a 16-byte load: its copies there are the copy engine's)."""
     x, out, norm, output, bump = LAUNCHED_AS[kind]
-    sizes, constants = tma_before_wait.launch_arguments(product.bn, product.bk, product.n, product.k, product.splits,
-                                                        product.stages, launch_sizes(kind, product, rows)["out_cols"],
-                                                        input=fused_decode.PLAIN, norm=norm, bump=bump, output=output,
-                                                        launch=fused_decode.launch_point(product), pdl=pdl,
-                                                        sum_each_tile=fused_decode.TMA_COPIES_FIRST_SUM_EACH_TILE)
+    sizes, constants = copies_first.launch_arguments(product.bn, product.bk, product.n, product.k, product.splits,
+                                                     product.stages, launch_sizes(kind, product, rows)["out_cols"],
+                                                     input=PLAIN, norm=norm, bump=bump, output=output,
+                                                     launch=launch_point(product), pdl=pdl)
     types = {**POINTERS, "X": x, "Wdesc": mangle_type(product.descriptor), "Out": out, "eps": "fp32"}
-    compiled = compiled_for_sm90(tma_before_wait.GluonASTSource, tma_before_wait._matvec_copies_first, types, sizes,
+    compiled = compiled_for_sm90(copies_first.GluonASTSource, copies_first._matvec_copies_first, types, sizes,
                                  constants, product.warps)
     return cubin_registers(compiled), compiled.metadata.shared, 0
 
@@ -157,15 +160,15 @@ def cubin_registers(compiled) -> int:
     return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
-def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list[dict]:
+def occupancy_rows(products: dict[str, Product], rows: int) -> list[dict]:
     """A row a product: its plan, resources, programs an SM, waves and the weights a full wave holds."""
     table = []
     for kind, product in products.items():
         programs = product.grid[0] * product.grid[1]
         registers, shared, wide_loads = resources(kind, product, rows)
         per_sm = programs_an_sm(registers, product.warps, shared)
-        at_once = min(programs, per_sm * fused_decode.SMS)
-        if product.copies_first:  # tma_before_wait.py's programs copy their stages' tiles before the wait
+        at_once = min(programs, per_sm * SMS)
+        if product.copies_first:  # copies_first.py's programs copy their stages' tiles before the wait
             first_bytes = product.bn * product.bk * 2 * min(product.stages,
                                                             triton.cdiv(product.k_tiles, product.splits))
         elif product.descriptor is not None:  # `_matvec_tma`'s copies come after it (its loop's)
@@ -173,7 +176,7 @@ def occupancy_rows(products: dict[str, fused_decode.Product], rows: int) -> list
         else:  # a tile or slice loaded before the wait
             first_bytes = product.bn * min(product.bk, triton.cdiv(product.k, product.splits)) * 2
         table.append(dict(kind=kind, plan=str(product), programs=programs, registers=registers, shared=shared,
-                          wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * fused_decode.SMS),
+                          wide_loads=wide_loads, per_sm=per_sm, waves=programs / (per_sm * SMS),
                           wave_mb=at_once * first_bytes / 1e6, weight_mb=product.n * product.k * 2 / 1e6))
     return table
 
@@ -189,27 +192,16 @@ def print_table(label: str, table: list[dict]) -> None:
               f"{row['weight_mb']:.1f} |")
 
 
-def main(overrides: list[str], variants: list | None) -> None:
+def main(overrides: list[str], knobs=KNOBS) -> None:
     cfg = compose_single_run(["mode=fused", *overrides])
-    options = fused_decode.FusedOptions(**{k: getattr(cfg.fused, k) for k in ("split_k", "packed", "prefetch",
-                                                                              "slices", "tma")})
     print(f"{cfg.label}: Triton {triton.__version__}, compiled for sm_90")
-    from fused_prefetch import DEFAULTS  # this folder's (run as `python benchmarks/fused_occupancy.py`)
-
-    for name, _, constants in variants or [("the rules", [], {})]:
-        for constant, value in {**DEFAULTS, **constants}.items():
-            setattr(fused_decode, constant, value)
-        products = step_products(cfg.model, cfg.bs, options)
-        print_table(name, occupancy_rows(products, cfg.bs))
+    print_table("the rules" if knobs == KNOBS else "the knobs given", occupancy_rows(
+        step_products(cfg.model, cfg.bs, cfg.fused, knobs), cfg.bs))
 
 
 if __name__ == "__main__":
-    args, chosen = sys.argv[1:], None
-    if args[:1] == ["--set"]:
-        from fused_prefetch import SETS
-
-        chosen, args = SETS[args[1]], args[2:]
-    if args[:1] == ["--only"]:
-        chosen = [chosen[int(i)] for i in args[1].split(",")]
-        args = args[2:]
-    main(args, chosen)
+    args = sys.argv[1:]
+    if args[:1] == ["--knobs"] and len(args) > 1:
+        main(args[2:], knobs_from(args[1]))
+    else:
+        main(args)

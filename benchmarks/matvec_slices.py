@@ -16,7 +16,10 @@ import torch
 import triton
 
 from harness.clock import block_ms
-from harness.kernels import fused_decode as fd
+from harness.config.fused import FusedConfig
+from harness.kernels.fused.knobs import KNOBS
+from harness.kernels.fused.plan import Product, plan
+from harness.kernels.fused.products import launch_product
 
 # (n, k) of each product at bs=1; gate/up as one product of both halves
 MODELS = {
@@ -38,7 +41,7 @@ def slice_plans(n: int, k: int):
         bk, splits = (triton.next_power_of_2(k), 1) if length >= k else (length, k // length)
         if length > k and length // 2 >= k:
             continue
-        if bn * bk // (warps * 32) <= fd.SLICE_VALUES_A_THREAD:  # a thread's share of the slice, as the step's
+        if bn * bk // (warps * 32) <= KNOBS.slice_values_a_thread:  # a thread's share of the slice, as the step's
             yield bn, bk, splits, warps
 
 
@@ -52,7 +55,7 @@ def timed(n: int, k: int, product_of, label: str) -> tuple[float, str]:
     out = torch.zeros(first.splits, 1, n, device="cuda", dtype=torch.float32)
 
     def launch(product):
-        fd.launch_product(product, x, out, 1, pdl=True)
+        launch_product(product, x, out, 1, pdl=True)
 
     launch(first)
     error = float((out.sum(0) - x.float() @ weights[0].float().T).abs().max())
@@ -69,14 +72,14 @@ def main(models: list[str]) -> None:
     for model in models:
         for name, (n, k) in MODELS[model].items():
             splittable = name not in ("gate_up", "lm_head")
-            tiles = fd.FusedOptions(slices=False)  # the plan at larger batches, and fused.slices=false's
-            rows = [timed(n, k, lambda w: fd.plan(w, tiles, splittable, 1, k), "tiles: " + str(fd.plan(
-                torch.empty(n, k, device="cuda", dtype=torch.bfloat16), tiles, splittable, 1, k)))]
+            tiles = FusedConfig(slices=False)  # the plan at larger batches, and fused.slices=false's
+            rows = [timed(n, k, lambda w: plan(w, tiles, KNOBS, splittable, 1, k), "tiles: " + str(plan(
+                torch.empty(n, k, device="cuda", dtype=torch.bfloat16), tiles, KNOBS, splittable, 1, k)))]
             for bn, bk, splits, warps in slice_plans(n, k):
                 if splits > 1 and not splittable:
                     continue
-                rows.append(timed(n, k, lambda w: fd.Product(w.contiguous(), n, k, bn, bk, splits, False, False,
-                                                             warps), f"slices {bn}x{bk}, {splits} splits, "
+                rows.append(timed(n, k, lambda w: Product(w.contiguous(), n, k, bn, bk, splits, False, False, warps),
+                                  f"slices {bn}x{bk}, {splits} splits, "
                                   f"{warps} warps, {triton.cdiv(n, bn) * splits} programs"))
             print(f"\n{model} {name} {n}x{k}:")
             for _, line in sorted(rows)[:6]:

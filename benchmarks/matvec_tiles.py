@@ -13,7 +13,8 @@ import sys
 import torch
 
 from harness.clock import block_ms
-from harness.kernels import fused_decode as fd
+from harness.kernels.fused.plan import Product, pack
+from harness.kernels.fused.products import launch_product
 
 PRODUCTS = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "down_proj": (2048, 8192), "gate/up": (16384, 2048)}
 TENSOR_CORE = [(bn, bk, splits, 4, True) for bn, bk, splits in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 8))]
@@ -26,10 +27,10 @@ def time_product(n: int, k: int, rows: int, bn: int, bk: int, splits: int, warps
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(splits, rows, n, device="cuda", dtype=torch.float32)
-    product = fd.Product(fd.pack(weight, bn, bk), n, k, bn, bk, splits, dot, True, warps)
+    product = Product(pack(weight, bn, bk), n, k, bn, bk, splits, dot, True, warps)
 
     def launch():
-        fd.launch_product(product, x, out, rows)
+        launch_product(product, x, out, rows)
 
     launch()
     error = float((out.sum(0) - x.float() @ weight.float().T).abs().max())

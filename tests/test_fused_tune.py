@@ -3,13 +3,16 @@ how a product launches and never what it computes, the descent to take a choice 
 job to say that it did not tune where no GPU times the step."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from harness.kernels import fused_decode, fused_tune
-from harness.kernels.fused_decode import PRODUCT_KINDS, FusedOptions, PlanChoice
+from harness.config.fused import FusedConfig
+from harness.kernels.fused import plan as fused_plan, tune as fused_tune
+from harness.kernels.fused.knobs import KNOBS
+from harness.kernels.fused.plan import PRODUCT_KINDS, PlanChoice, default_choice, plan, slice_layout
 from harness.measure.job import measure
 from tests.support import run_config
 from tests.test_fused import FUSED, decode_like_eager, fused_and_eager
@@ -36,9 +39,8 @@ def test_row_slices_split_over_k_compute_eager_logits(monkeypatch, hidden):
     """fused.slices with K split (narrow splits here, so that a tiny model's products split): each split's input,
     squares and sums only its own columns, where the splits are whole BK (64 = 2 x 32) or ragged (96 = 4 x 24 in
     BK of 32: the loads past a split's end masked), and gate/up (never split) takes whole rows in halves."""
-    monkeypatch.setattr(fused_decode, "SLICE_COLUMNS", 32)
-    monkeypatch.setattr(fused_decode, "SLICE_VALUES_A_THREAD_NARROW", 2)  # (a tiny model is narrow: slice_values)
-    eager, run, decoder = fused_and_eager(f"model.hidden_size={hidden}")
+    knobs = replace(KNOBS, slice_columns=32, slice_values_a_thread_narrow=2)  # (a tiny model is narrow: slice_values)
+    eager, run, decoder = fused_and_eager(f"model.hidden_size={hidden}", knobs=knobs)
     for kind in PRODUCT_KINDS:
         decoder = decoder.replanned(kind, PlanChoice(2, True, 4, slices=True))
     products = decoder.products()
@@ -51,38 +53,38 @@ def test_row_slices_split_over_k_compute_eager_logits(monkeypatch, hidden):
 
 def test_slice_layout_fills_a_thread_with_whole_rows_of_a_split():
     # Llama-3.1-8B's down (4096 x 14336): 8 splits of 1792 in BK of 2048, 4 rows a program on four warps
-    assert fused_decode.slice_layout(4096, 14336, True, 4) == (4, 2048, 8)
-    assert fused_decode.slice_layout(4096, 14336, True, 8) == (8, 2048, 8)
+    assert slice_layout(KNOBS, 4096, 14336, True, 4) == (4, 2048, 8)
+    assert slice_layout(KNOBS, 4096, 14336, True, 8) == (8, 2048, 8)
     # Qwen3-0.6B's down (1024 x 3072): 2 splits of 1536; unsplit (lm_head, gate/up) its whole K: 2 rows at least
-    assert fused_decode.slice_layout(1024, 3072, True, 4) == (4, 2048, 2)
-    assert fused_decode.slice_layout(128256, 4096, False, 4) == (2, 4096, 1)
-    assert fused_decode.slice_layout(2048, 2048, True, 4) == (4, 2048, 1)
+    assert slice_layout(KNOBS, 1024, 3072, True, 4) == (4, 2048, 2)
+    assert slice_layout(KNOBS, 128256, 4096, False, 4) == (2, 4096, 1)
+    assert slice_layout(KNOBS, 2048, 2048, True, 4) == (4, 2048, 1)
 
 
 def test_the_rules_warps_a_program_by_layout_k_and_rows(monkeypatch):
     """The rules' plan (default_choice, rule_warps) on the GPU: an unsplit slice of K 2048 or more on eight warps, a
     split or shorter one on four; tiles on eight, four from 32 rows in a model 4096 wide."""
-    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)
+    monkeypatch.setattr(fused_plan, "interpreted", lambda: False)
 
-    def rules(n, k, kind, rows=1, hidden=2048, options=FusedOptions()):
-        return fused_decode.default_choice(n, k, options, rows, hidden, kind)
+    def rules(n, k, kind, rows=1, hidden=2048, options=FusedConfig()):
+        return default_choice(KNOBS, n, k, options, rows, hidden, kind)
 
     # Llama-3.2-1B at bs=1, its large products sliced (fused.tma off: with it, they stream through TMA as tiles):
     # gate/up and lm_head unsplit (K 2048) on eight, down split (K 8192) on four, QKV tiles
-    no_tma = FusedOptions(tma=False)
+    no_tma = FusedConfig(tma=False)
     assert rules(16384, 2048, "gate_up", options=no_tma) == PlanChoice(2, True, 8, slices=True)
     assert rules(128256, 2048, "lm_head", options=no_tma) == PlanChoice(2, True, 8, slices=True)
     assert rules(2048, 8192, "down", options=no_tma) == PlanChoice(2, True, 4, slices=True)
     assert rules(3072, 2048, "qkv") == PlanChoice(1, True, 8)  # QKV split for one program an SM at bs=1 here
     assert rules(3072, 2048, "qkv", rows=8) == PlanChoice(2, True, 8)
     # with fused.split_k off, down's K stays whole: eight
-    assert rules(2048, 8192, "down", options=FusedOptions(split_k=False, tma=False)) == PlanChoice(2, True, 8,
+    assert rules(2048, 8192, "down", options=FusedConfig(split_k=False, tma=False)) == PlanChoice(2, True, 8,
                                                                                                slices=True)
     # the large products' rule: 16-bit weights of a model 2048 wide stream through TMA as tiles on eight warps; 32-bit
     # ones (which fused.tma does not stream) stay sliced
     assert [rules(n, k, kind) for n, k, kind in ((16384, 2048, "gate_up"), (2048, 8192, "down"))] == [
         PlanChoice(2, True, 8)] * 2
-    assert fused_decode.default_choice(2048, 8192, FusedOptions(), 1, 2048, "down", 4).slices
+    assert default_choice(KNOBS, 2048, 8192, FusedConfig(), 1, 2048, "down", 4).slices
     # Qwen3-0.6B (1024 wide): a K of 1024 is short of 2048, four (fused.tma off; with it, at one row, the copies-first
     # rule takes the large products as tiles, and QKV for one program an SM)
     assert rules(6144, 1024, "gate_up", hidden=1024, options=no_tma) == PlanChoice(2, True, 4, slices=True)
@@ -94,12 +96,13 @@ def test_the_rules_warps_a_program_by_layout_k_and_rows(monkeypatch):
 
 
 def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monkeypatch):
-    monkeypatch.setattr(fused_decode, "interpreted", lambda: False)  # the GPU's plan
+    monkeypatch.setattr(fused_plan, "interpreted", lambda: False)  # the GPU's plan
 
-    def decoder_of(kind: str, n: int, k: int, options=FusedOptions(), rows: int = 8, choice=None, hidden: int = 2048):
+    def decoder_of(kind: str, n: int, k: int, options=FusedConfig(), rows: int = 8, choice=None, hidden: int = 2048):
         choice = choice or PlanChoice(2, options.packed, 8)
-        product = fused_decode.plan(torch.zeros(n, k), options, True, choice=choice)
-        return SimpleNamespace(options=options, rows=rows, hidden=hidden, products=lambda: {kind: product})
+        product = plan(torch.zeros(n, k), options, KNOBS, True, choice=choice)
+        return SimpleNamespace(options=options, knobs=KNOBS, rows=rows, hidden=hidden,
+                               products=lambda: {kind: product})
 
     # at one row, the slices are a candidate, on the warps the rules give a slice of that K: Llama-3.2-1B's O (K 2048,
     # one split) on eight; a sliced product's candidates are its warps and the tiles
@@ -107,7 +110,7 @@ def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monk
     sliced = decoder_of("o", 2048, 2048, rows=1, choice=PlanChoice(2, True, 4, slices=True))
     assert fused_tune.candidates(sliced, "o", prefetch=True) == [PlanChoice(2, True, 8, slices=True),
                                                                  PlanChoice(2, True, 8)]
-    assert all(not c.slices for c in fused_tune.candidates(decoder_of("o", 2048, 2048, FusedOptions(slices=False),
+    assert all(not c.slices for c in fused_tune.candidates(decoder_of("o", 2048, 2048, FusedConfig(slices=False),
                                                                       rows=1), "o"))
 
     # Qwen3-8B's gate/up as tiles (hidden 4096: the rules slice no product of it): as slices, on eight warps (a K of
@@ -120,13 +123,13 @@ def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monk
     # Qwen3-8B's QKV (6144 x 4096): 96 blocks split 4 ways at 2 programs an SM, 2 ways at 1, 8 ways at 4
     assert fused_tune.candidates(decoder_of("qkv", 6144, 4096), "qkv") == [
         PlanChoice(2, True, 4), PlanChoice(2, False, 8), PlanChoice(1, True, 8), PlanChoice(4, True, 8)]
-    # Llama-3.2-1B's O (2048 x 2048): 32 blocks split MAX_SPLITS' 8 ways at 1, 2 or 4 an SM: the same launch
+    # Llama-3.2-1B's O (2048 x 2048): 32 blocks split max_splits' 8 ways at 1, 2 or 4 an SM: the same launch
     assert fused_tune.candidates(decoder_of("o", 2048, 2048), "o") == [PlanChoice(2, True, 4), PlanChoice(2, False, 8)]
     # on a Hopper GPU the L2 prefetch too, where the weights are packed
     assert fused_tune.candidates(decoder_of("o", 2048, 2048), "o", prefetch=True) == [
         PlanChoice(2, True, 4), PlanChoice(2, False, 8), PlanChoice(2, True, 8, prefetch=True)]
     # an ablation's switch pins its respect
-    pinned = decoder_of("qkv", 6144, 4096, FusedOptions(packed=False, split_k=False))
+    pinned = decoder_of("qkv", 6144, 4096, FusedConfig(packed=False, split_k=False))
     assert fused_tune.candidates(pinned, "qkv", prefetch=True) == [PlanChoice(2, False, 4)]  # row-major: none
     # gate/up never splits: warps and packing only
     assert fused_tune.candidates(decoder_of("gate_up", 6144, 4096), "gate_up") == [PlanChoice(2, True, 4),
@@ -142,7 +145,7 @@ def test_the_descent_takes_a_choice_only_where_its_step_times_faster():
         assert len(changed) == 1  # one respect of one kind at a time, against the plan it would replace
         asked.append(changed[0])
         choice = trial.products()[changed[0]].choice
-        return 0.97 if changed[0] == "o" and not choice.packed else fused_tune.TAKE_BELOW + 1e-4
+        return 0.97 if changed[0] == "o" and not choice.packed else KNOBS.tune_take_below + 1e-4
 
     tuned, tuning = fused_tune.tune(decoder, ratio)
     assert [line.split(":")[0] for line in tuning.taken] == ["o"] and "0.9700" in tuning.taken[0]
@@ -178,7 +181,7 @@ def test_a_tuned_plan_is_kept_and_a_later_job_of_the_same_shape_takes_it_untimed
     # another kind of GPU, or other options, is timed again
     other_gpu = fused_tune.tuned(fused_and_eager()[2], lambda trial, best: 1.0, False, tmp_path, "Other GPU", "GPU-3")
     assert other_gpu[1].kept_from is None and len(list(tmp_path.iterdir())) == 2
-    unsplit = fused_and_eager(options=FusedOptions(pdl=False, split_k=False))[2]
+    unsplit = fused_and_eager(options=FusedConfig(pdl=False, split_k=False))[2]
     assert fused_tune.plan_key(decoder, "Some GPU", False) != fused_tune.plan_key(unsplit, "Some GPU", False)
     assert fused_tune.plan_key(decoder, "Some GPU", False) != fused_tune.plan_key(decoder, "Some GPU", True)
 

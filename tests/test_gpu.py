@@ -1,6 +1,8 @@
 """GPU tests: run on the H200 (`pytest -m gpu`); skipped where there is no CUDA."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,6 +14,16 @@ from tests.support import flex_block_mask_one_short, FAST, gpu, run_config
 pytestmark = [pytest.mark.gpu, gpu]
 QWEN_DECODE_TOKENS = 64
 QWEN = ("model=qwen3-0.6b", "cache_len=256", f"decode_tokens={QWEN_DECODE_TOKENS}")
+
+
+def run_with_knobs(monkeypatch, **changes):
+    """The fused jobs of this test planned with these knobs: the rules' default swapped for the test (the jobs build
+    their stepper from it), put back after. Returns the knobs."""
+    from harness.kernels.fused import knobs
+
+    variant = dataclasses.replace(knobs.KNOBS, **changes)
+    monkeypatch.setattr(knobs, "KNOBS", variant)
+    return variant
 
 
 @pytest.mark.parametrize("bs", [1, 8])
@@ -232,7 +244,10 @@ def test_a_fused_graph_of_many_steps_decodes_from_a_kept_context_in_a_cache_that
 def test_the_greedy_kernel_under_pdl_feeds_torch_argmax_captured():
     """The greedy choice of a graph of several fused steps, compiled for the GPU with PDL's wait and captured: each
     row's token is torch.argmax's (equal largest in two programs: the first), replay after replay."""
-    from harness.kernels.fused_greedy import BLOCK, GreedyFeed
+    from harness.kernels.fused.greedy import GreedyFeed
+    from harness.kernels.fused.knobs import KNOBS
+
+    BLOCK = KNOBS.greedy_block
 
     logits = torch.empty(8, 151936, device="cuda")
     ids, tokens = torch.full((8, 1), -1, device="cuda"), torch.full((8,), -1, device="cuda")
@@ -284,14 +299,12 @@ def test_a_bs1_fused_run_past_one_chunk_with_little_kv_or_too_much_attends_in_th
 
 @pytest.mark.parametrize("bs", [1, 8])
 def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatch):
-    """fused.tma on the H200: the tile products' weights copied into shared memory by the tensor memory accelerator
-    (the rule, 4096 wide and up, brought down to Qwen3-0.6B's 1024 so that a small model runs it: its QKV and O at
-    bs=1, every product at bs=8; the copies-first rule's width held off, which would take the rest at bs=1), the
-    step captured with PDL, verified against fp32, and the plan naming each TMA product; fused.tma=false runs none."""
-    from harness.kernels import fused_decode
-
-    monkeypatch.setattr(fused_decode, "TMA_FROM_HIDDEN", 1024)
-    monkeypatch.setattr(fused_decode, "COPIES_FIRST_FROM_HIDDEN", 1 << 30)
+    """fused.tma on a Hopper GPU: the tile products' weights copied into shared memory by the tensor memory
+    accelerator (the rule, tma_from_hidden wide and up, brought down to Qwen3-0.6B's 1024 so that a small model runs
+    it: its QKV and O at bs=1, every product at bs=8; the copies-first rule's width held off, which would take the
+    rest at bs=1), the step captured with PDL, verified against fp32, and the plan naming each TMA product;
+    fused.tma=false runs none."""
+    run_with_knobs(monkeypatch, tma_from_hidden=1024, copies_first_from_hidden=1 << 30)
     result = measure(run_config(*QWEN, f"bs={bs}", "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     plan = result.mode_tags["fused_plan"]
@@ -301,18 +314,16 @@ def test_tiles_through_tma_decode_within_fp32_fidelity_and_say_so(bs, monkeypatc
 
 
 def test_the_large_products_through_tma_where_the_rules_sliced_them_decode_within_fp32_fidelity(monkeypatch):
-    """The large products' rule (TMA_LARGE_FROM_HIDDEN, 2048 wide, brought down to Qwen3-0.6B's 1024) on the H200 at
-    bs=1: gate/up, down and lm_head as tiles through TMA on TMA_LARGE_STAGES, QKV and O tiles through registers,
-    nothing sliced; captured with PDL and verified against fp32; a wrong RoPE position inside a kernel of such a step
-    still fails the run."""
-    from harness.kernels import fused_decode
-
-    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1024)
-    monkeypatch.setattr(fused_decode, "TMA_COPIES_BEFORE_WAIT", False)  # `_matvec_tma` at bs=1 (as at bs>1)
-    result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
+    """The large products' rule (tma_large_from_hidden, brought down to Qwen3-0.6B's 1024) on a Hopper GPU at bs=1
+    with row-major weights (which the copies-first kernel does not take, so `_matvec_tma` runs them, as at bs>1):
+    gate/up, down and lm_head as tiles through TMA on tma_large_stages, QKV and O tiles through registers, nothing
+    sliced; captured with PDL and verified against fp32; a wrong RoPE position inside a kernel of such a step still
+    fails the run."""
+    knobs = run_with_knobs(monkeypatch, tma_large_from_hidden=1024)
+    result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1", "fused.packed=false"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     plan = result.mode_tags["fused_plan"]
-    assert plan.count(f", TMA {fused_decode.TMA_LARGE_STAGES} stages") == plan.count(", TMA ") == 3, plan
+    assert plan.count(f", TMA {knobs.tma_large_stages} stages") == plan.count(", TMA ") == 3, plan
     assert "slices" not in plan and plan.count("tiles") == 5, plan
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_rope_off_by_one")  # as the fault test below runs it
     faulty = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1", "model.tie_word_embeddings=false"))
@@ -321,39 +332,30 @@ def test_the_large_products_through_tma_where_the_rules_sliced_them_decode_withi
 
 
 def test_the_large_products_copying_before_their_pdl_wait_decode_within_fp32_fidelity(monkeypatch):
-    """TMA_COPIES_BEFORE_WAIT (the rule) on the H200 at bs=1 (the large products' rule brought down to Qwen3-0.6B's 1024 wide):
-    gate/up, down (split, added atomically) and lm_head (normed logits, the position bumped), and QKV by the rule, as
-    harness/kernels/tma_before_wait.py's Gluon kernel, captured with PDL and verified against fp32; at bs=2 the
-    rule's `_matvec_tma` runs them (that kernel computes one row)."""
-    from harness.kernels import fused_decode
-
-    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1024)
-    monkeypatch.setattr(fused_decode, "TMA_COPIES_BEFORE_WAIT", True)
+    """The copies-first rule on a Hopper GPU at bs=1 (the large products' rule brought down to Qwen3-0.6B's 1024
+    wide, the copies-first width held off): gate/up, down (split, added atomically) and lm_head (normed logits, the
+    position bumped), and QKV by the rule, as harness/kernels/fused/copies_first.py's Gluon kernel, captured with
+    PDL and verified against fp32; at bs=2 the rule's `_matvec_tma` runs them (that kernel computes one row)."""
+    knobs = run_with_knobs(monkeypatch, tma_large_from_hidden=1024, copies_first_from_hidden=1 << 30)
     result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     plan = result.mode_tags["fused_plan"]
-    # the large products on their stages, and QKV (the rule's TMA_COPIES_FIRST_SMALL_KINDS) where its stages match
-    assert plan.count(f", TMA {fused_decode.TMA_COPIES_FIRST_STAGES} stages, copied before the wait") == 3 + (
-        fused_decode.TMA_COPIES_FIRST_SMALL_STAGES == fused_decode.TMA_COPIES_FIRST_STAGES), plan
-    copied_first = 3 + len(fused_decode.TMA_COPIES_FIRST_SMALL_KINDS)
+    # the large products on their stages, and QKV (the rule's copies_first_small_kinds) where its stages match
+    assert plan.count(f", TMA {knobs.copies_first_stages} stages, copied before the wait") == 3 + (
+        knobs.copies_first_small_stages == knobs.copies_first_stages), plan
+    copied_first = 3 + len(knobs.copies_first_small_kinds)
     assert plan.count(", copied before the wait") == plan.count(", TMA ") == copied_first, plan
     two = measure(run_config(*QWEN, "bs=2", "mode=fused", "repeats=1"))
     assert two.failure is None and two.metrics["verified"] == 1.0, two.failure
     assert "copied before" not in two.mode_tags["fused_plan"] and two.mode_tags["fused_plan"].count(", TMA ") == 3
 
 
-@pytest.mark.parametrize("sum_each_tile", [False, True])
-def test_qkv_and_o_copying_before_their_pdl_wait_decode_within_fp32_fidelity(monkeypatch, sum_each_tile):
-    """TMA_COPIES_FIRST_SMALL_KINDS on the H200 at bs=1 (the large products' rule brought down to Qwen3-0.6B's 1024
-    wide): every product of the step as harness/kernels/tma_before_wait.py's Gluon kernel, QKV's split partial sums
-    and squares (the embedding's row at layer 0, written as the residual) and O's atomic adds among them, O letting
-    gate/up launch at its wait; each tile summed as it is read, or at the end; verified against fp32."""
-    from harness.kernels import fused_decode
-
-    monkeypatch.setattr(fused_decode, "TMA_LARGE_FROM_HIDDEN", 1024)
-    monkeypatch.setattr(fused_decode, "TMA_COPIES_BEFORE_WAIT", True)
-    monkeypatch.setattr(fused_decode, "TMA_COPIES_FIRST_SMALL_KINDS", ("qkv", "o"))
-    monkeypatch.setattr(fused_decode, "TMA_COPIES_FIRST_SUM_EACH_TILE", sum_each_tile)
+def test_qkv_and_o_copying_before_their_pdl_wait_decode_within_fp32_fidelity(monkeypatch):
+    """copies_first_small_kinds with O on a Hopper GPU at bs=1 (the large products' rule brought down to Qwen3-0.6B's
+    1024 wide): every product of the step as harness/kernels/fused/copies_first.py's Gluon kernel, QKV's split
+    partial sums and squares (the embedding's row at layer 0, written as the residual) and O's atomic adds among
+    them, O letting gate/up launch at its wait; verified against fp32."""
+    run_with_knobs(monkeypatch, tma_large_from_hidden=1024, copies_first_small_kinds=("qkv", "o"))
     result = measure(run_config(*QWEN, "bs=1", "mode=fused", "repeats=1"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     assert result.mode_tags["fused_plan"].count(", copied before the wait") == 5, result.mode_tags["fused_plan"]

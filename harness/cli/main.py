@@ -32,6 +32,7 @@ The keys, their defaults and meanings are in the README's table (the schema is h
 
 def usage() -> str:
     """USAGE, then what the axes take, read from conf/ and the registries (so a new preset lists itself)."""
+    from harness.config.fused import switches_help
     from harness.kernels import ATTENTION
     from harness.modes import MODES
 
@@ -42,7 +43,9 @@ def usage() -> str:
                       "  python -m harness -m model=tiny device=cpu bs=1,2 decode_tokens=16 warmup=2 repeats=1",
                       f"named sweeps (+experiment=NAME): {', '.join(presets)} (conf/experiment/NAME.yaml says what each answers)",
                       f"modes (mode=NAME): {', '.join(MODES)}",
-                      f"attention backends (attn=NAME): {', '.join(ATTENTION)}"])
+                      f"attention backends (attn=NAME): {', '.join(ATTENTION)}",
+                      "mode=fused's switches (fused.NAME=true|false; [needs] the hardware a technique needs):",
+                      *switches_help()])
 
 
 def _version() -> str:

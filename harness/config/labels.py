@@ -3,15 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.config.fused import FUSED_SWITCHES  # each named in a run's label where it differs from its default
 from harness.modes import MODES
 
 # The keys that name a run's variant, dotted as in a run's MLflow params
 VARIANT_KEYS = ("mode", "graph_steps", "model.fuse_projections", "attn", "compile_mode", "compile_regions")
 LABEL_KEYS = ("model.name", "bs", "context_len", "cache_len", *VARIANT_KEYS)
-# mode=fused's techniques and their defaults (schema.FusedConfig's), each named in a run's label where it differs
-FUSED_SWITCHES = {"fused.pdl": True, "fused.split_k": True, "fused.packed": True, "fused.prefetch": False,
-                  "fused.fold_attention": True, "fused.tune": False, "fused.slices": True,
-                  "fused.weights_ahead": True, "fused.tma": True}
 INDUCTOR = "inductor."  # the prefix of a run's Inductor options (`inductor.epilogue_fusion`), each named in full
 _UNSET = ("None", "null", "?")  # a key that is absent, null, or unknown ("?") leaves its default
 

@@ -24,7 +24,8 @@ from omegaconf import MISSING, OmegaConf
 
 from harness.kernels import ATTENTION
 from harness.modes import MODES
-from harness.config.labels import FUSED_SWITCHES, INDUCTOR, LABEL_KEYS, run_label
+from harness.config.fused import FUSED_SWITCHES, FusedConfig
+from harness.config.labels import INDUCTOR, LABEL_KEYS, run_label
 from harness.record import flatten
 
 
@@ -88,42 +89,6 @@ class ModelConfig:
         return {**{k: v for k, v in self.__dict__.items()
                    if k not in ("name", "model_type", "weights", "fuse_projections", "extra")},
                 **copy.deepcopy(self.extra)}
-
-
-@dataclass
-class FusedConfig:
-    """mode=fused's techniques, each on by default; off for an ablation (`fused.pdl=false`)."""
-
-    pdl: bool = True  # programmatic dependent launch on every kernel (on a GPU)
-    split_k: bool = True  # split a product's K where its column blocks alone cannot fill the GPU
-    packed: bool = True  # weights in tile-major order, each program's tiles contiguous (off: row-major)
-    # each program asks L2 for its first weights before its PDL wait and for tiles ahead in its loop (packed weights,
-    # a Hopper GPU): off, since on eight warps it bought nothing (docs/benchmarks.md)
-    prefetch: bool = False
-    # RoPE, the K/V append and the merge of attention's chunks inside the attention kernel (one launch a layer
-    # instead of three): 9% faster for Qwen3-0.6B at bs=8 context 16384 (one H200). On, at bs=1 past one chunk a KV
-    # head it folds only where it reads 4 MiB of K/V a layer and asks L2 for 7% of the MLP's weights ahead, and runs
-    # three launches elsewhere there (harness/kernels/fused_decode.py, attention_folded: paired on H100s,
-    # 2026-12-06); off: three launches everywhere
-    fold_attention: bool = True
-    # each kind of product's plan (K splits, packing, warps, L2 prefetch) chosen at prepare by timing the captured
-    # step against the rules' on the GPU at hand (harness/kernels/fused_tune.py); off: the rules' plan, so that an
-    # ablation of one technique runs one plan
-    tune: bool = False
-    # at bs=1, in a model up to 2048 wide, each program of gate/up, down and lm_head loads a few whole rows of the
-    # weight times a split of K in one go before its PDL wait and sums them on CUDA cores (harness/kernels/
-    # fused_decode.py, slice_layout); off: 64 x 128 tiles on tensor cores in a loop, as at larger batches
-    slices: bool = True
-    # where the attention reads 1-6 MiB of K/V, it asks L2 for the first 6 MiB of the layer's gate/up and down
-    # weights once its chunks' K/V are read, while HBM would idle: the folded kernel's programs, or the merge's of the
-    # three launches (harness/kernels/fused_decode.py, WEIGHTS_AHEAD_BYTES, UNFOLDED_AHEAD_IN; a Hopper GPU): 2% off
-    # Qwen3-0.6B's step at bs=1 context 1024 folded (one H200), 2.7% at context 512 as three launches (an H100)
-    weights_ahead: bool = True
-    # in a model 2560 wide or wider, the products' weight tiles stream through the tensor memory accelerator into
-    # shared memory for the tensor cores, two or three tiles in flight a program (harness/kernels/fused_decode.py,
-    # TMA_FROM_HIDDEN; a Hopper GPU): Qwen3-8B's step at bs=1 7.8% faster, Llama-3.1-8B's 9.7%, Qwen3-4B's 15%,
-    # paired on H200s
-    tma: bool = True
 
 
 FUSED_FAMILIES = ("llama", "qwen3")  # the model types whose dense decoder layer mode=fused computes

@@ -17,7 +17,7 @@ from harness.kernels import TRITON_DECODE_BLOCK
 from harness.kernels.triton_runtime import interpreted
 
 BLOCK_N = TRITON_DECODE_BLOCK  # slots per step of a program's loop
-TARGET_PROGRAMS = 264  # about two per SM of an H200 (132): the split count aims at this many programs
+TARGET_PROGRAMS = 264  # about two per SM of the H200 and H100 SXM (132): the split count aims at this many programs
 
 
 @triton.jit

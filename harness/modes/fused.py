@@ -1,6 +1,6 @@
-"""mode=fused: the decode step as the harness's own fused kernels (harness/kernels/fused_decode.py), captured in
+"""mode=fused: the decode step as the harness's own fused kernels (harness/kernels/fused/decoder.py), captured in
 one CUDA graph and replayed once per token (or per `graph_steps` tokens, each step's argmax fed to the next inside
-the graph by a kernel of its own, harness/kernels/fused_greedy.py), each launch overlapping the last through
+the graph by a kernel of its own, harness/kernels/fused/greedy.py), each launch overlapping the last through
 programmatic dependent launch.
 
 The model is transformers' own, used for prefill and for the references; its weights are packed once, at prepare
@@ -24,24 +24,27 @@ from harness.modes.graphed import SIDE_STREAM_WARMUP, GraphedStepper, capture, w
 
 # a test's fault (harness/measure/mutations.py): each step's argmax kept as the run's token, not fed to the next step
 NOT_FED = "fused_greedy_not_fed"
-ROUNDS = 6  # fused.tune: pairs of blocks (AB, then BA) a candidate plan's step is timed in against the current one's
-REPLAYS = 16  # replays of a captured step a block
 
 if TYPE_CHECKING:  # Triton's: imported by the jobs that run this mode
-    from harness.kernels.fused_decode import FusedDecoder
+    from harness.kernels.fused.decoder import FusedDecoder
+    from harness.kernels.fused.knobs import Knobs
 
 
 class FusedStepper(GraphedStepper):
+    """`options`: the run's fused.* switches as they apply on its device (as_run); `knobs`: the plan's numbers (the
+    rules' where not given: a benchmark hands in a variant)."""
+
     def __init__(self, model, prompt, cache_len, options, fault: str | None = None, graph_steps: int = 1,
-                 steps_after_prompt: int | None = None):
+                 steps_after_prompt: int | None = None, knobs: Knobs | None = None):
         super().__init__(model, prompt, cache_len, graph_steps)
-        from harness.kernels.fused_decode import FusedDecoder  # Triton: imported by the jobs that run this mode
-        from harness.kernels.fused_greedy import GreedyFeed
+        from harness.kernels.fused.decoder import FusedDecoder  # Triton: imported by the jobs that run this mode
+        from harness.kernels.fused.greedy import GreedyFeed
+        from harness.kernels.fused.knobs import KNOBS
 
         start = time.perf_counter()
         # the longest prefix a timed step attends to: the context, the steps decoded after it, the new token
         longest = None if steps_after_prompt is None else prompt.shape[1] + steps_after_prompt + 1
-        self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, fault, longest)
+        self.decoder = FusedDecoder(model, self.cache, self.static_ids, options, knobs or KNOBS, fault, longest)
         self.metrics.update(pack_ms=(time.perf_counter() - start) * 1e3,
                             kernel_launches_per_step=float(self.decoder.kernels_per_step()),
                             attention_chunks_per_kv_head=float(self.decoder.attn_acc.shape[2]))
@@ -53,27 +56,28 @@ class FusedStepper(GraphedStepper):
             raise ValueError(f"HARNESS_INJECT_MUTATION={NOT_FED} acts in the greedy choice of a graph that feeds "
                              f"itself, and this run has graph_steps={graph_steps}; use graph_steps > 1")
         # the decoder's logits as tuned (a replanned decoder has buffers of its own)
-        self.greedy = (GreedyFeed(self.decoder.logits, self.static_ids, options.pdl, feed=fault != NOT_FED)
-                       if self.feeds_itself else None)
+        self.greedy = (GreedyFeed(self.decoder.logits, self.static_ids, options.pdl, feed=fault != NOT_FED,
+                                  knobs=self.decoder.knobs) if self.feeds_itself else None)
         # (the MLP's part, one way since the MLP in one kernel was taken out, kept so that runs before compare alike)
         self.tags["fused_plan"] = "; ".join([*(f"{kind}: {product}" for kind, product in self.decoder.products().items()),
                                              self.decoder.attention_plan(), "mlp: gate/up, then down"])
 
     def _tune(self, prompt: torch.Tensor) -> None:
-        """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused_tune.py), from
+        """fused.tune: each kind of product's plan timed in the captured step (harness/kernels/fused/tune.py), from
         the context's position, or kept from an earlier job of the same shape on this kind of GPU; where no GPU times
         it, the rules' plan, and the tag says so."""
         if not prompt.is_cuda:
             self.tags["tune"] = "not applied: no GPU to time the step on (Triton's interpreter); the rules' plan"
             return
-        from harness.kernels.fused_tune import tuned
+        from harness.kernels.fused.tune import tuned
         from harness.kernels.triton_runtime import compile_cache_dir
 
-        capacity = self.cache.layers[0].max_cache_len
-        position = max(0, min(prompt.shape[1], capacity - REPLAYS - SIDE_STREAM_WARMUP - 1))
+        knobs, capacity = self.decoder.knobs, self.cache.layers[0].max_cache_len
+        position = max(0, min(prompt.shape[1], capacity - knobs.tune_replays - SIDE_STREAM_WARMUP - 1))
         gpu = torch.cuda.get_device_properties(prompt.device)
         gpu_id = "GPU-" + str(getattr(gpu, "uuid", "") or "?").removeprefix("GPU-")
-        self.decoder, tuning = tuned(self.decoder, StepTimer(position).ratio, on_hopper(prompt.device),
+        timer = StepTimer(position, knobs.tune_replays, knobs.tune_rounds)
+        self.decoder, tuning = tuned(self.decoder, timer.ratio, on_hopper(prompt.device),
                                      compile_cache_dir() / "fused-plans", gpu.name, gpu_id)
         self.metrics.update(tune_ms=tuning.seconds * 1e3, tune_candidates=float(len(tuning.tried)),
                             tune_taken=float(len(tuning.taken)), tune_kept=float(tuning.kept_from is not None))
@@ -83,8 +87,8 @@ class FusedStepper(GraphedStepper):
         return self.decoder.step()
 
     def _feed(self, k: int, logits: torch.Tensor) -> None:
-        """graph_steps > 1: each step's argmax fed to the next by a kernel of its own (harness/kernels/
-        fused_greedy.py), launched with PDL like the step's, where graphed's are torch's argmax and two copies."""
+        """graph_steps > 1: each step's argmax fed to the next by a kernel of its own (harness/kernels/fused/
+        greedy.py), launched with PDL like the step's, where graphed's are torch's argmax and two copies."""
         self.greedy(self.tokens[k])
 
     def prepare(self, prompt: torch.Tensor) -> FusedStepper:
@@ -105,7 +109,7 @@ class StepTimer:
     """Two decoders' steps, each captured in a CUDA graph of its own, timed in alternating blocks of graph replays
     from one cache position (each block starts there again: the replays append K/V after it, as decode would)."""
 
-    def __init__(self, position: int, replays: int = REPLAYS, rounds: int = ROUNDS):
+    def __init__(self, position: int, replays: int, rounds: int):
         self.position, self.replays, self.rounds = position, replays, rounds
         self._graphs: dict[int, tuple] = {}
 
@@ -140,22 +144,24 @@ class FusedMode(DecodeMode):
     exact = False  # its own kernels and fp32 accumulation: judged against fp32, as the compiled modes
     # (where Triton cannot run, attn=triton-decode's setup refuses the job as the model is built: fused's attention)
 
-    def prepare(self, model, prompt, cfg):
-        from harness.kernels.fused_decode import FusedOptions
-
+    def prepare(self, model, prompt, cfg, knobs: Knobs | None = None):
+        """The captured stepper; `knobs`: the plan's numbers where not the rules' (a benchmark's variant)."""
         if (problem := family_problem(model)) is not None:
             raise CaptureError(f"mode=fused cannot compute this model's decode step: {problem}")
-        # PDL, the bulk L2 prefetches and TMA are Hopper's (sm_90), the slices a GPU's: off elsewhere, and so tagged
-        hopper = on_hopper(prompt.device)
-        options = FusedOptions(pdl=cfg.fused.pdl and hopper, split_k=cfg.fused.split_k, packed=cfg.fused.packed,
-                               prefetch=cfg.fused.prefetch and hopper, fold_attention=cfg.fused.fold_attention,
-                               tune=cfg.fused.tune, slices=cfg.fused.slices and prompt.is_cuda,
-                               weights_ahead=cfg.fused.weights_ahead and hopper,
-                               tma=cfg.fused.tma and hopper)
+        options = as_run(cfg.fused, prompt.is_cuda, on_hopper(prompt.device))  # so tagged (FusedStepper)
         # a test's fault inside the kernels (harness/measure/mutations.py sets it on the model while it prepares)
         fault = getattr(model, "harness_fused_fault", None)
-        return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps,
-                            cfg.timed_slots()).prepare(prompt)
+        return FusedStepper(model, prompt, cfg.cache_len, options, fault, cfg.graph_steps, cfg.timed_slots(),
+                            knobs).prepare(prompt)
+
+
+def as_run(switches, cuda: bool, hopper: bool):
+    """The run's fused.* switches (the schema's FusedConfig) as they run on a device: each whose hardware the device
+    lacks (its field's `needs`: "hopper", an sm_90 GPU or newer, for PDL, the bulk L2 prefetches and TMA; "gpu" for
+    the slices) turned off."""
+    has = {"hopper": hopper, "gpu": cuda, None: True}
+    return dataclasses.replace(switches, **{f.name: getattr(switches, f.name) and has[f.metadata.get("needs")]
+                                            for f in dataclasses.fields(switches)})
 
 
 def on_hopper(device: torch.device) -> bool:

@@ -1,16 +1,14 @@
 """fused.tune=true: each kind of product's plan chosen on the GPU at hand, by timing the captured step.
 
-The rules in fused_decode.py (programs an SM a product's K splits aim at, packed weights, warps a program, the L2
-prefetch) were each fitted on a few models, and no single value suits them all: paired on one H200, two programs an
-SM took 1.4% off Qwen3-8B's step where one took 1.7% off Qwen3-0.6B's; packing bought Qwen3-0.6B 1.9% and cost
-Llama-3.2-1B 1.6% (docs/benchmarks.md, "How far graphs go"). So where asked, the step is planned by coordinate
+The plan's rules (plan.py: programs an SM a product's K splits aim at, packed weights, warps a program, the L2
+prefetch, row slices or tiles) were each fitted on a few models, and no single value suits every model: the value
+that speeds one step can slow another's (docs/fused-knobs.md). So where asked, the step is planned by coordinate
 descent at prepare time (not timed): for each kind of product in turn (QKV, O, gate/up, down, lm_head; every layer's
 alike), each choice that differs in one respect from that kind's plan as its turn began, and launches differently, is
 captured as a whole step and timed against the best step so far in alternating blocks of graph replays (AB, BA, ...),
-as `harness ab` times two arms; it becomes the best where its median ratio is below TAKE_BELOW (so a kind may take
-two choices in turn, the later one timed against the earlier). Timing the whole step, not a product alone, keeps
-what the product costs its neighbours: the PDL overlap, L2. Measured on the H200: 4.0% off Qwen3-0.6B's step at
-context 1024 and 4.6% off Llama-3.1-8B's, paired (docs/benchmarks.md, "each product's plan timed").
+as `harness ab` times two arms; it becomes the best where its median ratio is below Knobs.tune_take_below (so a kind
+may take two choices in turn, the later one timed against the earlier). Timing the whole step, not a product alone,
+keeps what the product costs its neighbours: the PDL overlap, L2.
 
 The choices change only how a product is launched and laid out, never what it computes (the same sums in fp32),
 and the run is verified against fp32 as any fused run.
@@ -33,13 +31,11 @@ from typing import Callable
 
 import triton
 
-from harness.kernels import fused_decode
-from harness.kernels.fused_decode import (FEWER_WARPS, PRODUCT_KINDS, SPLITTABLE_KINDS, FusedDecoder, PlanChoice,
-                                          blocks_and_splits, rule_warps, slices_apply)
+from harness.kernels.fused.decoder import FusedDecoder
+from harness.kernels.fused.plan import (PRODUCT_KINDS, SPLITTABLE_KINDS, PlanChoice, blocks_and_splits, rule_warps,
+                                        slices_apply, sm_count)
 
-TAKE_BELOW = 0.995  # a candidate replaces the plan where its step's median ratio to the plan's is below this
-PER_SM_CHOICES = (1, 2, 4)  # programs an SM a split product may aim at
-WARPS_CHOICES = (FEWER_WARPS, 8)
+SOURCES = Path(__file__).parent  # the kernels and plan a tuned plan was timed with
 
 
 @dataclass
@@ -63,11 +59,12 @@ def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list
     on), the L2 prefetch before the PDL wait on or off (where `prefetch`: a Hopper GPU; packed weights), and each
     other programs-an-SM target that changes the product's blocks or splits (where fused.split_k leaves splitting
     on)."""
-    product, options = decoder.products()[kind], decoder.options
+    product, options, knobs = decoder.products()[kind], decoder.options, decoder.knobs
     current = product.choice
-    found = [replace(current, warps=w) for w in WARPS_CHOICES if w != current.warps]
-    if slices_apply(options, decoder.rows):  # fused.slices: the tiles instead, or back, on the warps the rules give
-        warps = rule_warps(kind, product.n, product.k, options, decoder.rows, decoder.hidden, not current.slices)
+    found = [replace(current, warps=w) for w in knobs.tune_warps if w != current.warps]
+    if slices_apply(knobs, options, decoder.rows):  # fused.slices: the tiles instead, or back, on the rules' warps
+        warps = rule_warps(knobs, kind, product.n, product.k, options, decoder.rows, decoder.hidden,
+                           not current.slices)
         found.append(replace(current, slices=not current.slices, warps=warps))
     if current.slices:  # row-major slices: packing, the prefetch and the tiles' splits do not apply
         return found
@@ -77,8 +74,9 @@ def candidates(decoder: FusedDecoder, kind: str, prefetch: bool = False) -> list
         found.append(replace(current, prefetch=not current.prefetch))
     if kind in SPLITTABLE_KINDS and options.split_k:
         layouts = {(product.bn, product.splits)}
-        for per_sm in PER_SM_CHOICES:
-            layout = blocks_and_splits(product.n, product.k, product.bk, True, per_sm)
+        sms = sm_count(product.weight.device)
+        for per_sm in knobs.tune_per_sm:
+            layout = blocks_and_splits(knobs, sms, product.n, product.k, product.bk, True, per_sm)
             if layout not in layouts:
                 layouts.add(layout)
                 found.append(replace(current, per_sm=per_sm))
@@ -97,7 +95,7 @@ def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], fl
             measured = ratio(trial, best)
             line = f"{kind}: {choice} {measured:.4f}"
             tuning.tried.append(line)
-            if measured < TAKE_BELOW:
+            if measured < decoder.knobs.tune_take_below:
                 best = trial
                 tuning.taken.append(line)
     tuning.seconds = time.perf_counter() - started
@@ -106,15 +104,15 @@ def tune(decoder: FusedDecoder, ratio: Callable[[FusedDecoder, FusedDecoder], fl
 
 def plan_key(decoder: FusedDecoder, gpu: str, prefetch: bool) -> str:
     """What a tuned plan holds for: the kind of GPU, the model's shapes, the batch rows, the longest prefix, the
-    options, and the kernels and tuner as they are (their source) under this Triton."""
+    switches and knobs, and the kernels, plan and tuner as they are (their source) under this Triton."""
     first = decoder.cache.layers[0]
     described = dict(
         gpu=gpu, prefetch=prefetch, rows=decoder.rows, hidden=decoder.hidden, heads=decoder.heads,
         kv_heads=decoder.kv_heads, head_dim=decoder.head_dim, layers=len(decoder.layers), dtype=str(first.keys.dtype),
         capacity=first.max_cache_len, longest_prefix=decoder.longest_prefix,
-        options=dataclasses.asdict(decoder.options), triton=triton.__version__,
+        options=dataclasses.asdict(decoder.options), knobs=dataclasses.asdict(decoder.knobs), triton=triton.__version__,
         shapes={kind: [product.n, product.k] for kind, product in decoder.products().items()},
-        source=hashlib.sha256(Path(fused_decode.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest())
+        source=hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SOURCES.glob("*.py")))).hexdigest())
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 
 

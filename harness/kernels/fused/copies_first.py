@@ -1,13 +1,13 @@
-"""A bs=1 product whose weight tiles the tensor memory accelerator starts copying before the PDL wait.
+"""Copies first: a bs=1 product whose weight tiles the tensor memory accelerator starts copying before the PDL wait.
 
 Why a kernel of its own, in Gluon: Triton's pipeliner issues `_matvec_tma`'s first copies with its input's, after
 `griddepcontrol.wait`, so a large product reads nothing while the kernel before drains; a copy placed before the wait
-in Triton's language is lowered as a copy and a wait on its barrier at once, which measured 6.7% slower
-(docs/benchmarks.md, "what a TMA program copies before its wait"). Gluon (Triton's lower-level language, with
-explicit shared memory and barriers) lets each program start all its stages' copies, wait for the kernel before
-only then, and read the input (which that kernel wrote) after it.
+in Triton's language is lowered as a copy and a wait on its barrier at once, so each program would wait for its first
+tile before it even waits for the kernel before. Gluon (Triton's lower-level language, with explicit shared memory
+and barriers) lets each program start all its stages' copies, wait for the kernel before only then, and read the
+input (which that kernel wrote) after it.
 
-One row (bs=1), weights packed tile-major (fused_decode.pack), any of a step's products: QKV (its split's partial
+One row (bs=1), weights packed tile-major (plan.pack), any of a step's products: QKV (its split's partial
 sums and squares, the embedding's row its input at layer 0), O and down (added to the residual, atomically where K
 is split), gate/up (SwiGLU) and lm_head (logits). On CUDA cores: a row leaves the tensor cores 1/16 used, and a tile
 is 32 multiply-adds a thread. Gluon runs on the GPU only (not in Triton's interpreter): the CPU suite compiles it for
@@ -22,8 +22,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Triton 3.6 (the GPU's) and 3.9 (this machine's) name three of its pieces differently (the first: for the
-# ahead-of-time compiles of it in the tests and benchmarks/fused_occupancy.py; 3.6 keeps it in _runtime alone)
+# Triton releases name three of its pieces differently (3.6 and 3.9 both run here; the first: for the ahead-of-time
+# compiles of it in the tests and benchmarks/fused_occupancy.py; 3.6 keeps it in _runtime alone)
 GluonASTSource = getattr(gluon, "GluonASTSource", None) or gluon_runtime.GluonASTSource
 _copy_tile = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _all_threads = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -82,16 +82,14 @@ def _launch_dependents(PDL: gl.constexpr, HERE: gl.constexpr):
 def _matvec_copies_first(X, Ids, ResOut, Gain, Wdesc, Out, SquaresOut, Bump, k_total, n_total, out_cols, k_per_split,
                          k_tiles, eps, INPUT: gl.constexpr, NORM: gl.constexpr, OUTPUT: gl.constexpr,
                          SPLITS: gl.constexpr, BUMP: gl.constexpr, LAUNCH: gl.constexpr, BN: gl.constexpr,
-                         BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_TILES: gl.constexpr, PDL: gl.constexpr,
-                         SUM_EACH_TILE: gl.constexpr = False):
+                         BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_TILES: gl.constexpr, PDL: gl.constexpr):
     """out = norm?(x) @ W.T for one row, one block of BN output columns (program id 0) and one K split (id 1): the
     split's first STAGES tiles copied before the PDL wait, each stage copied again once every warp has read it; the
-    next kernel let launch where LAUNCH says (fused_decode.launch_point). INPUT, OUTPUT and LAUNCH are numbered as
-    fused_decode's (PLAIN, EMBEDDING; PARTIALS, SWIGLU, LOGITS, ADD; AT_WAIT, AFTER_LOOP, AT_END, AT_START)."""
+    next kernel let launch where LAUNCH says (plan.launch_point). INPUT, OUTPUT and LAUNCH are numbered as
+    products.py's and plan.py's (PLAIN, EMBEDDING; PARTIALS, SWIGLU, LOGITS, ADD; AT_WAIT, AFTER_LOOP, AT_END)."""
     pid_n, pid_k = gl.program_id(0), gl.program_id(1)
     first_tile = pid_n * k_tiles + pid_k * SPLIT_TILES
     tiles = gl.minimum(SPLIT_TILES, k_tiles - pid_k * SPLIT_TILES)
-    _launch_dependents(PDL, LAUNCH == 3)  # AT_START
     weights = gl.allocate_shared_memory(Wdesc.dtype, [STAGES, BN, BK], Wdesc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     _start_copies(Wdesc, weights, ready, first_tile, tiles, STAGES, BN)  # the weights need no kernel before
@@ -101,13 +99,11 @@ def _matvec_copies_first(X, Ids, ResOut, Gain, Wdesc, Out, SquaresOut, Bump, k_t
     if INPUT == 1:  # EMBEDDING: X is the table, its row the input id's (read after the wait, as the input is)
         X = X + gl.load(Ids).to(gl.int64) * k_total
     first, second, squares = _stages_read(X, ResOut, Gain, Wdesc, weights, ready, first_tile, tiles,
-                                          pid_k * k_per_split, k_total, pid_n, NORM, INPUT == 1, BN, BK, STAGES,
-                                          SUM_EACH_TILE)
+                                          pid_k * k_per_split, k_total, pid_n, NORM, INPUT == 1, BN, BK, STAGES)
     _launch_dependents(PDL, LAUNCH == 1)  # AFTER_LOOP
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
-    if not SUM_EACH_TILE:
-        first, second = gl.sum(first, 1), gl.sum(second, 1)
+    first, second = gl.sum(first, 1), gl.sum(second, 1)
     _store(first, second, gl.sum(squares, 0), Out, SquaresOut, Bump, pid_n, pid_k, k_total, n_total, out_cols, eps,
            NORM, OUTPUT, SPLITS, BUMP, BN)
     _launch_dependents(PDL, LAUNCH == 2)  # AT_END
@@ -116,36 +112,26 @@ def _matvec_copies_first(X, Ids, ResOut, Gain, Wdesc, Out, SquaresOut, Bump, k_t
 @gluon.jit
 def _stages_read(X, ResOut, Gain, Wdesc, weights, ready, first_tile, tiles, k_first, k_total, pid_n,
                  NORM: gl.constexpr, EMBEDDING: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                 STAGES: gl.constexpr, SUM_EACH_TILE: gl.constexpr):
+                 STAGES: gl.constexpr):
     """The split's products, each stage's tile as its copy lands, the stage copied again once every warp has read it:
     the products of the tile's first and second half of rows (gate/up: gate's, then up's) [BN / 2, BK] a half,
-    summed over the tile's columns only at the end, or [BN / 2] where SUM_EACH_TILE (a thread's share of BN sums, not
-    BK times as many: 64 registers a thread where 92); and the input's squares [BK]."""
+    summed over the tile's columns only at the end (one sum across threads a split, not one a tile); and the input's
+    squares [BK]."""
     tile_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])  # 16 bytes a thread
     columns: gl.constexpr = gl.SliceLayout(0, tile_layout)
     HALF: gl.constexpr = BN // 2
     x, xg = _input_columns(X, ResOut, Gain, k_first, 0, tiles, k_total, pid_n, NORM, EMBEDDING, BK, columns)
     squares = gl.zeros([BK], gl.float32, columns)
-    if SUM_EACH_TILE:
-        first = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, tile_layout))
-        second = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, tile_layout))
-    else:
-        first = gl.zeros([HALF, BK], gl.float32, tile_layout)
-        second = gl.zeros([HALF, BK], gl.float32, tile_layout)
+    first = gl.zeros([HALF, BK], gl.float32, tile_layout)
+    second = gl.zeros([HALF, BK], gl.float32, tile_layout)
     for i in range(tiles):
         x_next, xg_next = _input_columns(X, ResOut, Gain, k_first, i + 1, tiles, k_total, pid_n, NORM, EMBEDDING, BK,
                                          columns)
         stage = i % STAGES
         mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
         tile = weights.index(stage)
-        first_products = tile.slice(0, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
-        second_products = tile.slice(HALF, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
-        if SUM_EACH_TILE:
-            first += gl.sum(first_products, 1)
-            second += gl.sum(second_products, 1)
-        else:
-            first += first_products
-            second += second_products
+        first += tile.slice(0, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
+        second += tile.slice(HALF, HALF).load(tile_layout).to(gl.float32) * xg[None, :]
         squares += x * x
         _all_threads()  # every warp has read the stage before it is copied over, and those reads are ordered
         fence_async_shared()  # before the copy engine's write
@@ -198,8 +184,7 @@ def descriptor(packed: torch.Tensor, bn: int, bk: int) -> TensorDescriptor:
 
 
 def launch_arguments(bn: int, bk: int, n: int, k: int, splits: int, stages: int, out_cols: int, *, input: int,
-                     norm: bool, bump: bool, output: int, launch: int, pdl: bool,
-                     sum_each_tile: bool = False) -> tuple[dict, dict]:
+                     norm: bool, bump: bool, output: int, launch: int, pdl: bool) -> tuple[dict, dict]:
     """The integers `_matvec_copies_first` takes after its pointers (by name, in order) and its compile-time
     constants, for an n x k product in `splits` K splits of whole tiles (launch's; benchmarks/fused_occupancy.py
     compiles the same)."""
@@ -207,12 +192,12 @@ def launch_arguments(bn: int, bk: int, n: int, k: int, splits: int, stages: int,
     split_tiles = -(-k_tiles // splits)  # a split is whole tiles: its first is a packed tile's first column
     sizes = dict(k_total=k, n_total=n, out_cols=out_cols, k_per_split=split_tiles * bk, k_tiles=k_tiles)
     return sizes, dict(INPUT=input, NORM=norm, OUTPUT=output, SPLITS=splits, BUMP=bump, LAUNCH=launch, BN=bn, BK=bk,
-                       STAGES=stages, SPLIT_TILES=split_tiles, PDL=pdl, SUM_EACH_TILE=sum_each_tile)
+                       STAGES=stages, SPLIT_TILES=split_tiles, PDL=pdl)
 
 
 def launch(descriptor: TensorDescriptor, grid: tuple[int, int], x: torch.Tensor, out: torch.Tensor, *, ids, residual,
            gain, squares, bump, n: int, k: int, splits: int, stages: int, warps: int, eps: float, input: int,
-           output: int, launch_at: int, pdl: bool, sum_each_tile: bool = False) -> None:
+           output: int, launch_at: int, pdl: bool) -> None:
     """One launch over `grid` (column blocks, K splits): x [1, k] (input=EMBEDDING: the row of the table x that
     `ids` names, written to `residual`; normed by `gain` where given) times the weight into `out` as `output` says
     (the squares of the input's columns into `squares`, where partial sums are normed), the cache position `bump`
@@ -220,7 +205,7 @@ def launch(descriptor: TensorDescriptor, grid: tuple[int, int], x: torch.Tensor,
     stands in)."""
     sizes, constants = launch_arguments(*descriptor.block_shape, n, k, splits, stages, out.shape[-1], input=input,
                                         norm=gain is not None, bump=bump is not None, output=output, launch=launch_at,
-                                        pdl=pdl, sum_each_tile=sum_each_tile)
+                                        pdl=pdl)
     ids, residual, gain, squares, bump = (out if p is None else p for p in (ids, residual, gain, squares, bump))
     _matvec_copies_first[grid](x, ids, residual, gain, descriptor, out, squares, bump, *sizes.values(), eps,
                                **constants, num_warps=warps, **(dict(launch_pdl=True) if pdl else {}))

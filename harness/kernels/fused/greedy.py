@@ -4,8 +4,8 @@ its tokens, launched with PDL like the step's other kernels.
 
 Why a kernel of its own: torch's argmax and the two copies that feed it back are three ordinary launches a step,
 which PDL cannot overlap, so the next step's first kernel could not start its weight copies behind them. The public
-study the harness measures its fused step against (docs/benchmarks.md, "How far graphs go") times its steps in this
-scope: one graph replay of all its decode steps, the argmax and the next token's write included.
+megakernel study the harness measures its fused step against times its steps in this scope: one graph replay of all
+its decode steps, the argmax and the next token's write included.
 
 One launch, grid (rows, programs): each program finds the largest logit of its span of the vocabulary and the first
 index that holds it; the last program of a row to finish (an atomic count, as the folded attention's merge) takes the
@@ -19,10 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels.fused_decode import _pdl_start, _pdl_wait, pdl_launch
-
-BLOCK = 1024  # logits a program reads a load (4 KB of fp32)
-MOST_PROGRAMS = 64  # a row's programs at most: 128256 logits (Llama-3) are two loads a program
+from harness.kernels.fused.knobs import KNOBS, Knobs
+from harness.kernels.fused.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 
 @triton.jit
@@ -66,11 +64,13 @@ class GreedyFeed:
     row's argmax to `input_ids` [rows, 1] (the next step's input) and to `tokens` [rows] (the run's record).
     `feed=False`: a test's fault (harness/measure/mutations.py), the next step's input not written."""
 
-    def __init__(self, logits: torch.Tensor, input_ids: torch.Tensor, pdl: bool, feed: bool = True):
+    def __init__(self, logits: torch.Tensor, input_ids: torch.Tensor, pdl: bool, feed: bool = True,
+                 knobs: Knobs = KNOBS):
         self.logits, self.input_ids, self.pdl, self.feed = logits, input_ids, pdl, feed
         rows, vocab = logits.shape
-        self.programs = min(MOST_PROGRAMS, triton.next_power_of_2(triton.cdiv(vocab, BLOCK)))
-        self.span = triton.cdiv(triton.cdiv(vocab, self.programs), BLOCK) * BLOCK
+        self.block = knobs.greedy_block
+        self.programs = min(knobs.greedy_most_programs, triton.next_power_of_2(triton.cdiv(vocab, self.block)))
+        self.span = triton.cdiv(triton.cdiv(vocab, self.programs), self.block) * self.block
         self.programs = triton.cdiv(vocab, self.span)  # no program past the vocabulary
         width = triton.next_power_of_2(self.programs)
         self.best = torch.empty(rows, width, device=logits.device, dtype=torch.float32)
@@ -81,5 +81,6 @@ class GreedyFeed:
         rows, vocab = self.logits.shape
         _greedy_feed[(rows, self.programs)](
             self.logits, self.logits.stride(0), vocab, self.span, self.best, self.best_at, self.count,
-            self.input_ids, self.input_ids.stride(0), tokens, BLOCK=BLOCK, PROGRAMS=self.best.shape[1], FEED=self.feed,
+            self.input_ids, self.input_ids.stride(0), tokens, BLOCK=self.block, PROGRAMS=self.best.shape[1],
+            FEED=self.feed,
             **pdl_launch(self.pdl))
