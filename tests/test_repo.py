@@ -75,3 +75,31 @@ def test_the_readme_opens_with_the_results_that_harness_report_prints():
         records = latest_of_each_config(REPO / marker.group(1))[1]
         assert marker.group(2) == headline_markdown(records), marker.group(1)
         assert re.match(r"GPU NVIDIA H(200|100 80GB HBM3);", marker.group(2)) and len(records) >= 4
+
+
+# A GPU's serial, a calendar date, a pairing phrase, or a GPU named beside a measured figure: the marks of a lab
+# notebook. Code says what it does and why, in words that stay true; each measurement goes to the docs page for its
+# question (docs/fused-knobs.md for the fused kernels' knobs).
+LAB_NOTE = re.compile(r"GPU-[0-9a-f]{8}|\b20\d\d-[01]\d-[0-3]\d\b|\bpaired on\b|\b(one|an|two|three|four) H[12]00s?\b"
+                      r"|\bH[12]00s?\b.*\d(\.\d+)? ?(ms|µs|us|%|TB/s|GB/s)\b|\d(\.\d+)? ?(ms|µs|%|TB/s|GB/s)\b.*\bH[12]00s?\b"
+                      r"|\d(\.\d+)?% (faster|slower|off|less|more|longer)\b", re.IGNORECASE)
+
+
+def lab_notes(text: str) -> list[str]:
+    return [f"{n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), 1) if LAB_NOTE.search(line)]
+
+
+def test_code_carries_no_gpu_serial_date_or_figure_measured_on_one_machine():
+    found = [f"{path.relative_to(REPO)}:{note}" for path in sorted((REPO / "harness").rglob("*.py"))
+             for note in lab_notes(path.read_text())]
+    assert found == []
+
+
+def test_the_lab_note_check_catches_each_mark():
+    """Each kind of mark the check above is for, as it stood in the code, is found; a rule in words is not."""
+    assert all(lab_notes(line) for line in (
+        "# paired on one H200 (GPU-16875c31, 2026-12-06)", "# Qwen3-8B's step 7.8% faster, on an H200",
+        "# asked at the wait, 12-40 MiB added 6.7-9.0% to its step (one H100)", "# measured on 2026-12-05",
+        "# (GPU-ede9b7a7)", "# paired on two H100s", "# 3.4 TB/s on the H200", "# took 2.1% off its step"))
+    assert lab_notes("# the next tile is loaded before this one is used, so that HBM stays busy (64 x 128 tiles)") == []
+    assert lab_notes('    gpu_id = "GPU-" + str(uuid)') == []

@@ -112,9 +112,9 @@ PHASES = ("build_ms", "prefill_ms", "prepare_ms", "warmup_ms", "decode_wall_ms",
 
 def time_breakdown(results: list[JobRecord], wall_s: float | None = None) -> str:
     """Where a sweep's time went: each phase summed over its jobs; what the jobs spent outside those phases (GPU
-    readings, the job's figures computed: 0.4 s a job on an H200, the part to profile when it grows); and, given the
-    sweep's wall, the time between jobs (each job's result written and logged to the store after its end, the
-    launcher's own), or the job walls where jobs ran side by side (a GPU pool), whose sum then exceeds the wall."""
+    readings, the job's figures computed: the part to profile when it grows); and, given the sweep's wall, the time
+    between jobs (each job's result written and logged to the store after its end, the launcher's own), or the job
+    walls where jobs ran side by side (a GPU pool), whose sum then exceeds the wall."""
     totals = {p: sum(r.metrics.get(p, 0.0) for r in results) / 1e3 for p in PHASES}
     parts = ", ".join(f"{p.removesuffix('_ms').replace('_wall', '')} {s:.1f} s" for p, s in totals.items())
     ended = [r for r in results if r.wall_s is not None]

@@ -60,7 +60,7 @@ def rerun_config(logged: dict, overrides: list[str]):
     return OmegaConf.structured(to_run_config(changed))
 
 
-WALL = "wall_ms_per_step"  # runs stored before 2026-12-01's evening named it wall_ms_per_token (it was per step)
+WALL = "wall_ms_per_step"  # runs stored by early versions named it wall_ms_per_token (it was per step)
 
 
 def print_side_by_side(old_runs, new_records: list[JobRecord]) -> None:

@@ -1,11 +1,11 @@
 """Two configs timed against each other in one process on one device: a paired A/B.
 
-Leases differ (one compiled config measured 0.998-1.159 ms across four H200s), and a GPU drifts within a lease
-(clocks, temperature, what else the host does). So both arms are prepared first, side by side, and then timed in
-alternating blocks in balanced order (AB BA AB BA ...): block i of A and block i of B ran back to back, and a
-drift moves both. The ratio's interval comes from resampling those pairs (stats.paired_ratio_interval). Optionally
-the whole A/B repeats in several fresh processes, one after another, whose differences (a compile's choices, an
-autotuner's pick) then widen the interval as they should.
+Leases differ (one compiled config can measure several per cent apart across GPUs of one model), and a GPU drifts
+within a lease (clocks, temperature, what else the host does). So both arms are prepared first, side by side, and
+then timed in alternating blocks in balanced order (AB BA AB BA ...): block i of A and block i of B ran back to
+back, and a drift moves both. The ratio's interval comes from resampling those pairs (stats.paired_ratio_interval).
+Optionally the whole A/B repeats in several fresh processes, one after another, whose differences (a compile's
+choices, an autotuner's pick) then widen the interval as they should.
 
 Pure measurement: no Hydra, no MLflow. Neither arm is verified here (`harness` runs each as a job for that).
 """

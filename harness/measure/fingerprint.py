@@ -1,7 +1,7 @@
 """A GPU's fingerprint: a short calibration, once per process, of what the machine under a sweep does.
 
-Leases of "one H200" are different GPUs, and one compiled config measured 0.998-1.159 ms across four of them: a
-name and a driver version do not tell two machines apart, their behaviour does. Each figure is the median of
+Leases of "one H200" are different GPUs, and one compiled config can measure several per cent apart across them:
+a name and a driver version do not tell two machines apart, their behaviour does. Each figure is the median of
 REPEATS measurements, with their spread (max - min, in % of the median) as its noise; `compare` says where two
 sweeps' fingerprints differ beyond it (harness/analysis/compare.py).
 """
@@ -20,10 +20,10 @@ REPEATS = 5
 COPY_BYTES = 256 << 20  # a device-to-device copy this large runs at the memory's speed, not at the launch's
 LAUNCHES = 1000  # back-to-back launches of an (almost) empty kernel, timed as one
 GRAPH_KERNELS = 100  # kernels in the captured graph whose replay is timed
-# Each figure (logged as tags `fingerprint_<figure>` and `fingerprint_<figure>_spread_pct`): its unit, and how far
-# two processes on one machine moved it (H200, 2026-12-01: copy -2.9%, launch +58%, graph +0.5%, clock 0%): compare
-# calls a difference a machine's only beyond that floor, or beyond the spread measured, whichever is larger. The
-# launch of a lone kernel is the host's figure (Python and the driver), and it moves the most.
+# Each figure (logged as tags `fingerprint_<figure>` and `fingerprint_<figure>_spread_pct`): its unit, and a floor a
+# little above how far two processes on one machine were seen to move it (the docs' page on checks): compare calls a
+# difference a machine's only beyond that floor, or beyond the spread measured, whichever is larger. The launch of
+# a lone kernel is the host's figure (Python and the driver), and it moves the most.
 FIGURES = {"copy_gb_per_s": ("GB/s", 5.0), "launch_us": ("µs", 75.0), "graph100_us": ("µs", 2.0),
            "sm_clock_under_load_mhz": ("MHz", 2.0)}
 

@@ -56,7 +56,7 @@ def _log_job(uri: str, experiment: str, parent_run_id: str | None, record: JobRe
 
 
 def _epoch_ms(iso_time: str | None) -> int | None:
-    """An ISO 8601 time of the record (`2026-12-01T19:32:05.216+00:00`) as MLflow's epoch ms; None: now."""
+    """An ISO 8601 time of the record (`YYYY-MM-DDThh:mm:ss.sss+00:00`) as MLflow's epoch ms; None: now."""
     return int(datetime.fromisoformat(iso_time).timestamp() * 1000) if iso_time else None
 
 
