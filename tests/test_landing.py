@@ -10,7 +10,7 @@ from harness.analysis.report import latest_of_each_config
 from harness.cli.app import sweep_name
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-H200_RESULTS = RESULTS / "h200-design-card-2026-12-04"  # qwen3-0.6b, context 16, bs 1, 2, 4, 8, eager and graphed
+H200_RESULTS = RESULTS / "h200-design-card"  # qwen3-0.6b, context 16, bs 1, 2, 4, 8, eager and graphed
 
 
 def test_a_parent_is_named_by_what_its_sweep_varied():
