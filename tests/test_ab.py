@@ -25,7 +25,7 @@ def test_the_verdict_reads_the_whole_interval_against_the_threshold():
 
 
 def test_an_ambiguous_verdict_says_how_many_pairs_would_decide_it():
-    """The H200's PDL A/B (docs/benchmarks.md): B / A 0.9768, interval 0.9557-0.9925 after 320 pairs, straddling
+    """An H200's PDL A/B of Inductor's kernels: B / A 0.9768, interval 0.9557-0.9925 after 320 pairs, straddling
     0.99. Its upper side (0.0157) must shrink to the ratio's distance from 0.99 (0.0132): 320 x (0.0157 / 0.0132)^2
     = 452.7 pairs. Bugs caught: the lower side used (0.0211: 817), or the farther bound 1.01 (0.0332: 72)."""
     assert pairs_to_decide(0.9768, 0.9557, 0.9925, 0.01, 320) == 453

@@ -152,7 +152,7 @@ def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys, le
 
     from harness.cli import commands
 
-    folder = REPO / "docs" / "results" / "h200-context"
+    folder = REPO / "tests" / "data" / "h200-context"
     if leases != "every lease":
         folder = shutil.copytree(folder, workdir / "past", ignore=shutil.ignore_patterns("lease-c7c6099f-*"))
     phases = ("build_ms", "prepare_ms", "prefill_ms", "warmup_ms", "decode_wall_ms", "verify_ms")
@@ -180,7 +180,7 @@ def test_plan_on_several_gpus_gives_each_job_in_turn_the_first_gpu_free(workdir,
 
     assert wall_on_gpus([10.0, 1.0, 1.0, 1.0, 9.0], 2) == 12.0  # 10 | 1+1+1, then 9 on the one free at 3
     assert wall_on_gpus([10.0, 1.0, 1.0, 1.0, 9.0], 1) == 22.0 and wall_on_gpus([3.0, 5.0], 8) == 5.0
-    folder = str(REPO / "docs" / "results" / "h200-context-whole")
+    folder = str(REPO / "tests" / "data" / "h200-context-whole")
     assert commands.main(["plan", "+experiment=context", "--past", folder, "--gpus", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     total = float(out[-3].split()[1])
@@ -198,7 +198,7 @@ def test_plan_numbers_the_jobs_as_the_sweep_ran_them(workdir, capsys):
     are committed. Bug caught: the plan listing Hydra's grid order (qwen3-0.6b first) while the sweep runs llama first."""
     from harness.cli import commands
 
-    folder = REPO / "docs" / "results" / "h200-models-regional" / "lease-2cd8f179-preset"
+    folder = REPO / "tests" / "data" / "h200-models-regional" / "lease-2cd8f179-preset"
     ran = {(r := json.loads(p.read_text()))["job_num"]: r["label"] for p in folder.glob("*/result.json")}
     assert commands.main(["plan", "+experiment=models"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:-1]  # "  N   ESTIMATE  (WHERE FROM)  LABEL", between two lines

@@ -1,6 +1,8 @@
 """Where the time goes, on CPU: byte and FLOP counts by hand, the report on a real tiny sweep, a real mlflow server."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -140,3 +142,53 @@ def test_a_model_sweep_plots_speedup_and_latency_against_model_size(monkeypatch,
     drawn.clear()
     report.plots([r for r in rows if r["model"] == "qwen3-8b"], tmp_path)  # one model, one context: no such axes
     assert sorted(drawn) == ["latency_vs_bs", "speedup_vs_bs"]
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def _rows(folder: Path) -> list[dict]:
+    from harness.analysis.report import latest_of_each_config
+    from harness.analysis.rows import row_of
+
+    return [row_of(r) for r in latest_of_each_config(folder)[1]]
+
+
+def _drawn(monkeypatch) -> list:
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.append(fig) or path)
+    return figures
+
+
+def test_the_ladder_chart_is_each_runs_median_by_mode_with_the_floor(monkeypatch, tmp_path):
+    """Bugs caught: a bar put in another model's or bs's group, a mode's bars swapped with another's, the floor of
+    the wrong group, an axis without its unit, a legend without the floor."""
+    figures = _drawn(monkeypatch)
+    rows = _rows(RESULTS / "h100-ladder")
+    assert report.ladder_chart(rows, tmp_path / "ladder.png") == [tmp_path / "ladder.png"]
+    ax = figures[0].axes[0]
+    groups = [tuple(t.get_text().split("\nbs ")) for t in ax.get_xticklabels()]
+    assert groups[0] == ("llama-3.2-1b", "1") and len(groups) == 9
+    medians = {(r["model"], str(r["bs"]), r["variant"]): r["median_ms"] for r in rows}
+    for bars in ax.containers:
+        assert [b.get_height() for b in bars] == [medians[(*g, bars.get_label())] for g in groups]
+    floors = {(r["model"], str(r["bs"])): r["floor_ms"] for r in rows}
+    segments = [segment for c in ax.collections for segment in c.get_segments()]  # a line across each group
+    assert [s[0][1] for s in segments] == [floors[g] for g in groups]
+    assert all(g - 0.5 < s[0][0] < s[1][0] < g + 0.5 for g, s in enumerate(segments))
+    assert "ms" in ax.get_ylabel() and [t.get_text() for t in ax.get_legend().get_texts()][-4:] == \
+        ["eager", "graphed", "compiled", "fused"] and "floor" in ax.get_legend().get_texts()[0].get_text()
+    # one context and one mode: no ladder to draw
+    assert report.ladder_chart([r for r in rows if r["variant"] == "fused"], tmp_path / "x.png") == []
+
+
+def test_the_context_chart_is_a_panel_per_bs_with_a_line_per_backend_and_the_floor(monkeypatch, tmp_path):
+    figures = _drawn(monkeypatch)
+    rows = _rows(RESULTS / "h200-context-kept")
+    assert report.context_chart(rows, tmp_path / "context.png") == [tmp_path / "context.png"]
+    axes = figures[0].axes
+    assert [ax.get_title() for ax in axes] == [f"qwen3-0.6b, bs {bs}" for bs in (1, 8, 32)]
+    lines = {line.get_label(): line for line in axes[2].get_lines()}
+    flex = sorted((r["context_len"], r["median_ms"]) for r in rows if r["bs"] == 32 and r["variant"] == "graphed flex")
+    assert list(zip(lines["graphed flex"].get_xdata(), lines["graphed flex"].get_ydata())) == flex
+    assert lines["floor"].get_linestyle() == "--" and "ms" in axes[0].get_ylabel() and "context" in axes[0].get_xlabel()
+    assert report.context_chart(_rows(RESULTS / "h100-ladder"), tmp_path / "x.png") == []  # one context

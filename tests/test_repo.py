@@ -57,26 +57,6 @@ def test_lower_layers_import_no_upper_one():
                             and parts[1] not in allowed:
                         wrong.append(f"{path.relative_to(REPO)} imports {name}")
     assert wrong == []
-
-
-def test_the_readme_opens_with_the_results_that_harness_report_prints():
-    """The README's first screen is the H200 table (the reference GPU; later tables may come from an H100 lease, and
-    say so in their conditions line), and each is `harness report --headline` of the committed result folder its
-    marker names, not figures typed by hand."""
-    from harness.analysis.headline import headline_markdown
-    from harness.analysis.report import latest_of_each_config
-
-    readme = (REPO / "README.md").read_text()
-    markers = list(re.finditer(r"<!-- results: python -m harness report (\S+) --headline -->\n(.*?)\n<!-- /results -->",
-                               readme, flags=re.S))
-    assert markers and readme[:markers[0].start()].count("\n") < 20  # the first on the first screen
-    assert markers[0].group(2).startswith("GPU NVIDIA H200;")
-    for marker in markers:
-        records = latest_of_each_config(REPO / marker.group(1))[1]
-        assert marker.group(2) == headline_markdown(records), marker.group(1)
-        assert re.match(r"GPU NVIDIA H(200|100 80GB HBM3);", marker.group(2)) and len(records) >= 4
-
-
 # A GPU's serial, a calendar date, a pairing phrase, or a GPU named beside a measured figure: the marks of a lab
 # notebook. Code says what it does and why, in words that stay true; each measurement goes to the docs page for its
 # question (docs/fused-knobs.md for the fused kernels' knobs).

@@ -1,5 +1,6 @@
 """The results a reader sees first (the README's opening table): per model x context x bs, each mode's median
-ms/step and its speedup over eager, under one line of the conditions every run shares. Built from result
+ms/step, its speedup over eager and the fastest run's share of the floor, under one line of the conditions every run
+shares. Built from result
 records only, so a README block can be regenerated from committed result folders and checked against them."""
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def conditions_line(records: list[JobRecord]) -> str:
 
 
 def headline_markdown(records: list[JobRecord], conditions_first: bool = True) -> str:
-    """The conditions, then one row per model x context x bs: each mode's median ms/step, then each non-eager
-    mode's speedup over the eager run of the same config. Only finished runs; the others are named below."""
+    """The conditions, then one row per model x context x bs: each mode's median ms/step, each non-eager mode's
+    speedup over the eager run of the same config (a column only where some run has one), the floor and the fastest
+    run's share of it. Only finished runs; the others are named below."""
     done = sorted((r for r in records if r.status == "FINISHED" and r.metrics.get("step_ms_median")),
                   key=lambda r: r.started or "")
     if not done:
@@ -42,17 +44,20 @@ def headline_markdown(records: list[JobRecord], conditions_first: bool = True) -
     # the row's key: model, context, bs, and cache_len or dtype where the runs differ in them (never a merge)
     extra = [k for k in ("cache_len", "dtype") if len({r[k] for r in rows}) > 1]
     cells, shared = _cells(rows, lambda r: (r["model"], r["context_len"], *(r[k] for k in extra), r["bs"]))
-    faster = [v for v in variants if v != "eager"]
-    lines = ["| model | context | " + "".join(f"{k} | " for k in extra) + "bs | "
-             + " | ".join(f"{v} ms/step" for v in variants) + " | " + " | ".join(f"{v} speedup" for v in faster) + " |",
-             "|---|" + "---:|" * (2 + len(extra) + len(variants) + len(faster))]
     speedup = speedups(rows)
-    for key in sorted(cells, key=lambda k: tuple(x if isinstance(x, str) else (x or 0) for x in k)):
+    faster = [v for v in variants if v.split()[0] != "eager"  # `eager sdpa-nocudnn` is the baseline too
+              and any(r["id"] in speedup for r in rows if r["variant"] == v)]
+    keys = sorted(cells, key=lambda k: tuple(x if isinstance(x, str) else (x or 0) for x in k))
+    floor_head, floor_of = _floor_columns([cells[k] for k in keys])
+    lines = ["| model | context | " + "".join(f"{k} | " for k in extra) + "bs | "
+             + " | ".join([f"{v} ms/step" for v in variants] + [f"{v} speedup" for v in faster] + floor_head) + " |",
+             "|---|" + "---:|" * (2 + len(extra) + len(variants) + len(faster) + len(floor_head))]
+    for key in keys:
         by_variant = cells[key]
         ms = [f"{by_variant[v]['median_ms']:.3f}" if v in by_variant else "-" for v in variants]
         ratio = [f"{speedup[by_variant[v]['id']]:.2f}x" if v in by_variant and by_variant[v]["id"] in speedup
                  else "-" for v in faster]
-        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(ms + ratio) + " |")
+        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(ms + ratio + floor_of(by_variant)) + " |")
     lines += [f"\nShown once, the later of two runs of one cell (their configs differ in keys the table does not "
               f"show): {pair}" for pair in shared]
     lines += [f"\nNot in the table ({r.status}): {r.label}" for r in records if r.status != "FINISHED"]
@@ -69,3 +74,26 @@ def _cells(rows: list[Row], key_of) -> tuple[dict[tuple, dict[str, Row]], list[s
             shared.append(f"{cells[key_of(r)][r['variant']]['name']} and {r['name']}")
         cells[key_of(r)][r["variant"]] = r
     return cells, shared
+
+
+def _floor_columns(row_cells: list[dict[str, Row]]):
+    """The floor (the bytes a step must read at the GPU's measured copy rate, in ms) and the fastest run's share of it
+    (floor / its median), from that run's own record. The header names the fastest mode where every row's fastest is
+    the same one; otherwise each cell names its own. No column where no run has a floor (a CPU's runs)."""
+    def fastest(by_variant: dict[str, Row]) -> Row | None:
+        timed = [r for r in by_variant.values() if r["median_ms"] and r["floor_ms"]]
+        return min(timed, key=lambda r: r["median_ms"]) if timed else None
+
+    best = [fastest(c) for c in row_cells]
+    if not any(best):
+        return [], lambda by_variant: []
+    names = {r["variant"] for r in best if r}
+    one = len(names) == 1
+
+    def cells(by_variant: dict[str, Row]) -> list[str]:
+        r = fastest(by_variant)
+        if r is None:
+            return ["-", "-"]
+        share = f"{100 * r['floor_ms'] / r['median_ms']:.1f}%"
+        return [f"{r['floor_ms']:.3f}", share if one else f"{share} ({r['variant']})"]
+    return ["floor ms", f"{next(iter(names))} share of floor" if one else "fastest's share of floor"], cells

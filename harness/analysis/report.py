@@ -105,7 +105,66 @@ def plots(rows: list[Row], out_dir: Path) -> list[Path]:
             floors[(*model(r), "floor", *(f"{k}={r[k]}" for k in others))].add((r[x], r["floor_ms"]))
         if series:
             made.append(_draw(series, floors, x, ylabel, out_dir / f"{name}.png"))
-    return made
+    return made + ladder_chart(ok, out_dir / "ladder.png") + context_chart(ok, out_dir / "context.png")
+
+
+def _group_key(r: dict) -> tuple:
+    return (r["model"] or "", r["bs"] or 0)
+
+
+def ladder_chart(ok: list[dict], path: Path) -> list[Path]:
+    """The ladder as bars: for each model and bs (one context), each mode's median ms a step side by side, on a log
+    axis, and the floor (the bytes a step must read at the GPU's measured copy rate) as a black line across the
+    group. Drawn where the runs share one context and hold two modes or more; [] otherwise."""
+    if len({r["context_len"] for r in ok}) != 1 or len({r["variant"] for r in ok}) < 2:
+        return []
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    groups, variants = sorted({_group_key(r) for r in ok}), variant_columns(ok)
+    width = 0.8 / len(variants)
+    for i, variant in enumerate(variants):
+        bars = {_group_key(r): r["median_ms"] for r in ok if r["variant"] == variant}
+        xs = [g for g, key in enumerate(groups) if key in bars]
+        ax.bar([g - 0.4 + width * (i + 0.5) for g in xs], [bars[groups[g]] for g in xs], width, label=variant)
+    floors = {_group_key(r): r["floor_ms"] for r in ok if r["floor_ms"] is not None}
+    for g, key in enumerate(groups):
+        if key in floors:
+            ax.hlines(floors[key], g - 0.45, g + 0.45, colors="black", linewidth=2,
+                      label="floor (bytes read / copy rate)" if g == min(i for i, k in enumerate(groups) if k in floors)
+                      else None)
+    ax.set_xticks(range(len(groups)), [f"{model}\nbs {bs}" for model, bs in groups], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms per decode step (log scale)")
+    ax.set_xlabel(f"model and batch size (context {ok[0]['context_len']} tokens)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=len(variants) + 1, loc="upper center", bbox_to_anchor=(0.5, 1.12), frameon=False)
+    return [_save(fig, path)]
+
+
+def context_chart(ok: list[dict], path: Path) -> list[Path]:
+    """The context sweep as lines: one panel per bs, ms a step against the context for each mode and backend, the
+    floor dashed. Drawn where the runs hold one model and two contexts or more; [] otherwise."""
+    if len({r["model"] for r in ok}) != 1 or len({r["context_len"] for r in ok}) < 2:
+        return []
+    batches, variants = sorted({r["bs"] for r in ok}), variant_columns(ok)
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches) + 1, 4.2), squeeze=False)
+    for ax, bs in zip(axes[0], batches):
+        for variant in variants:
+            points = sorted((r["context_len"], r["median_ms"]) for r in ok if r["bs"] == bs and r["variant"] == variant)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=variant)
+        floor = sorted({(r["context_len"], r["floor_ms"]) for r in ok if r["bs"] == bs and r["floor_ms"] is not None})
+        floor = sorted(dict(floor).items())  # one floor a context (the runs of one context share it, within a rounding)
+        ax.plot([p[0] for p in floor], [p[1] for p in floor], linestyle="--", color="grey", label="floor")
+        ax.set_xscale("log", base=2)
+        contexts = sorted({r["context_len"] for r in ok})
+        ax.set_xticks(contexts, [str(c) for c in contexts], fontsize=8)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_yscale("log")
+        ax.set_title(f"{ok[0]['model']}, bs {bs}", fontsize=10)
+        ax.set_xlabel("context (tokens in the KV cache)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("median ms per decode step (log scale)")
+    axes[0][-1].legend(fontsize=8)
+    return [_save(fig, path)]
 
 
 def _draw(series: dict, floors: dict, x: str, ylabel: str, path: Path) -> Path:
