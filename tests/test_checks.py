@@ -29,6 +29,21 @@ def test_a_rewind_one_slot_off_fails_the_run(monkeypatch):
     assert result.failure.startswith("after a rewind the cache writes at slot 9, not after the 8 context tokens")
 
 
+def test_a_loop_that_records_its_input_token_not_its_argmax_fails_the_run(monkeypatch):
+    """Every token the loop records (warm-up and every timed block) is checked against the logits its call returned.
+    A loop that records what a call read instead of the argmax it fed on, put in the loop's own recording through the
+    mutation registry: on the untied tiny model a timed loop with this very fault passed every other check."""
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "decode_tokens=16", "model.tie_word_embeddings=false")
+    clean = measure(cfg)
+    assert clean.failure is None and clean.metrics["recorded_tokens_argmax"] == 1.0
+    assert clean.metrics["recorded_tokens_checked"] == (2 + 16) * 2  # each call of the warm-up and the block, each row
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "input_token_recorded")
+    result = measure(cfg)
+    assert result.metrics["verified"] == 0.0 and result.metrics["recorded_tokens_argmax"] == 0.0
+    assert result.failure.startswith("the token recorded for call 0 of the warm-up is not an argmax of the logits "
+                                     "that call returned"), result.failure
+
+
 class TwoTokenStepper(Stepper):
     """Two greedy steps a call, argmax and feeding inside (as a K-step graph does)."""
 

@@ -22,8 +22,12 @@ FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost", NOT_FED)
 # the first rewind on (blocks after the first, the checks), where the free run and every reference that decodes in the
 # run's cache read the same damaged context
 REWIND_FAULTS = ("rewind_clears_context_end",)
+# faults in what the loop records, not in what it decodes: from the prefill to the next rewind (the warm-up and first
+# timed block, whose tokens the checks judge), the token the loop's own code records for a call is the one the call
+# read (its input), not the argmax it fed on; verification's free run, after its rewind, records as it should
+RECORDING_FAULTS = ("input_token_recorded",)
 KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *REWIND_FAULTS,
-         *FUSED_KERNEL_FAULTS)
+         *RECORDING_FAULTS, *FUSED_KERNEL_FAULTS)
 
 
 def requested(mode: str) -> str | None:
@@ -98,21 +102,30 @@ class MutatedStepper:
 
     def __init__(self, inner, kind: str):
         self.inner, self.kind, self.calls = inner, kind, 0
+        self.since_prefill = False  # no rewind since the last restart
         self.kv_snapshot: list[torch.Tensor] | None = None
 
-    def __getattr__(self, name):  # bs, input_ids, tokens, metrics, tags, ... are the inner stepper's
+    def __getattr__(self, name):  # bs, input_ids, metrics, tags, ... are the inner stepper's
         return getattr(self.inner, name)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """What the last call decoded, as the loop reads it to record it: under input_token_recorded, what that call
+        read instead (the token before its argmax)."""
+        if self.kind == "input_token_recorded" and self.calls and self.since_prefill:
+            return self._previous.T.expand_as(self.inner.tokens)
+        return self.inner.tokens
 
     def restart(self, prompt):
         with patched(self.inner.model, self.kind):
             self.inner.restart(prompt)
-        self.calls = 0
+        self.calls, self.since_prefill = 0, True
         if self.kind == "kv_lost":  # what a graph writing into a private copy of the cache would leave
             self.kv_snapshot = [t.clone() for layer in self.inner.cache.layers for t in (layer.keys, layer.values)]
 
     def rewind(self):
         self.inner.rewind()
-        self.calls = 0
+        self.calls, self.since_prefill = 0, False
         if self.kind == "rewind_clears_context_end":
             last = self.inner.context_len - 1
             for layer in self.inner.cache.layers:

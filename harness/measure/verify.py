@@ -44,7 +44,7 @@ from harness.modes.base import CACHE_KWARG, kv_heads_and_dim, pad_rows, prefill_
 from harness.modes.eager import EagerStepper
 from harness.measure import mutations, references
 from harness.measure.stats import paired_mean_interval
-from harness.measure.timing import advance, calls_for
+from harness.measure.timing import advance, calls_for, recorded_not_argmax
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
 INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
@@ -94,14 +94,17 @@ def loop_reference(logits: list[torch.Tensor], decoded: torch.Tensor, steps: int
 
 
 def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
-           loop: LoopReference | None = None) -> tuple[dict, str | None]:
+           loop: LoopReference | None = None, choices: list | None = None) -> tuple[dict, str | None]:
     """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
     `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them;
-    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference). Verification is a job's
-    last use of the stepper's cache: it is freed at the end, or kept for the next job (keep_or_release)."""
+    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference); `choices`: (phase, its
+    calls' timing.note_choice [calls, 2, bs]) for the warm-up and every timed block, whose recorded tokens must each
+    be an argmax of the logits they came from (recorded_tokens). Verification is a job's last use of the stepper's
+    cache: it is freed at the end, or kept for the next job (keep_or_release)."""
     metrics, applied = {}, []
+    failure = recorded_tokens(choices, metrics) if choices is not None else None
     stepper.rewind()
-    failure = _rewound_to_the_context(stepper, prompt.shape[1])
+    failure = failure or _rewound_to_the_context(stepper, prompt.shape[1])
     steps = verified_steps(cfg.attn, prompt.shape[1], cfg.cache_len)
     run = _free_run(stepper, calls_for(stepper, steps), decoded)
     digest = context_digest(stepper)  # the context as the checks find it, once: fp32's kept reference is keyed by it
@@ -174,6 +177,26 @@ def _read_plan_problem(attn: str, context_len: int, steps: int, cache_len: int, 
             return (f"attn={attn} plans to read {slots} slots for the token at slot {position}, short of its "
                     f"{position + 1} valid ones: the newest token's block goes unread")
     metrics["read_plan_positions_checked"] = float(steps)
+    return None
+
+
+def recorded_tokens(choices: list, metrics: dict) -> str | None:
+    """Every token the loop recorded (the warm-up's and every timed block's, the last of each call) must be an argmax
+    of the logits that very call returned: its logit is compared with the call's best, both kept beside the loop
+    (timing.note_choice), so no tolerance is needed (a tie passes; nothing else does). A loop that records another
+    token than it decoded (its input, a stale buffer) would hand every check after it a history the run never
+    decoded; where greedy decode repeats its input, or logits lie within the tie tolerance, those checks pass."""
+    checked = 0
+    for phase, calls in choices:
+        if calls.shape[0] == 0:
+            continue
+        checked += calls.shape[0] * calls.shape[2]
+        if (wrong := recorded_not_argmax(calls)) is not None:
+            metrics.update(recorded_tokens_argmax=0.0, recorded_tokens_checked=float(checked))
+            return (f"the token recorded for call {wrong[0]} of {phase} is not an argmax of the logits that call "
+                    f"returned ({wrong[1]} of {calls.shape[0]} calls there): the loop recorded another token than "
+                    f"it decoded")
+    metrics.update(recorded_tokens_argmax=1.0, recorded_tokens_checked=float(checked))
     return None
 
 
