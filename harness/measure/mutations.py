@@ -22,12 +22,20 @@ FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost", NOT_FED)
 # the first rewind on (blocks after the first, the checks), where the free run and every reference that decodes in the
 # run's cache read the same damaged context
 REWIND_FAULTS = ("rewind_clears_context_end",)
+# the stepper's own rewind, asked to rewind to one slot past the context: every layer then writes a slot too far after
+# each rewind, and the run, eager's references and the fp32 calibration would all decode from there alike
+REWIND_POSITION_FAULTS = ("rewind_one_slot_off",)
+# the attention backend's read plan (its block count, made on the host) asked for the position before the one it
+# plans: the plan of a token that starts a block then leaves that block unread, as a count one short does there
+# (ceil(position / block) for position // block + 1). Acts in verification's check of the plan: on a CPU, flex's
+# unfused decode reads every block whatever the count
+READ_PLAN_FAULTS = ("read_plan_one_behind",)
 # faults in what the loop records, not in what it decodes: from the prefill to the next rewind (the warm-up and first
 # timed block, whose tokens the checks judge), the token the loop's own code records for a call is the one the call
 # read (its input), not the argmax it fed on; verification's free run, after its rewind, records as it should
 RECORDING_FAULTS = ("input_token_recorded",)
 KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *REWIND_FAULTS,
-         *RECORDING_FAULTS, *FUSED_KERNEL_FAULTS)
+         *REWIND_POSITION_FAULTS, *READ_PLAN_FAULTS, *RECORDING_FAULTS, *FUSED_KERNEL_FAULTS)
 
 
 def requested(mode: str) -> str | None:
@@ -124,7 +132,14 @@ class MutatedStepper:
             self.kv_snapshot = [t.clone() for layer in self.inner.cache.layers for t in (layer.keys, layer.values)]
 
     def rewind(self):
-        self.inner.rewind()
+        if self.kind == "rewind_one_slot_off":  # the stepper's own rewind, with the context one slot longer
+            self.inner.context_len += 1
+            try:
+                self.inner.rewind()
+            finally:
+                self.inner.context_len -= 1
+        else:
+            self.inner.rewind()
         self.calls, self.since_prefill = 0, False
         if self.kind == "rewind_clears_context_end":
             last = self.inner.context_len - 1

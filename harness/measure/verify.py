@@ -121,7 +121,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
         failure = failure or _against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
-    if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics)):
+    behind = int(mutations.requested(cfg.mode) in mutations.READ_PLAN_FAULTS)  # a test's fault: the plan one behind
+    if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics, behind)):
         failure = failure or plan
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
@@ -165,15 +166,17 @@ def verified_steps(attn: str, context_len: int, cache_len: int) -> int:
     return max(VERIFY_TOKENS, min(first_edge - context_len + 3, cache_len - context_len))
 
 
-def _read_plan_problem(attn: str, context_len: int, steps: int, cache_len: int, device, metrics: dict) -> str | None:
+def _read_plan_problem(attn: str, context_len: int, steps: int, cache_len: int, device, metrics: dict,
+                       behind: int = 0) -> str | None:
     """Where the backend plans on the host which blocks a step reads, that plan must cover every valid slot at every
     verified position: a block count one short leaves the newest token unread at a block's first slot, which moves
-    the logits less than bf16's own noise (one key of 1025 at context 1024, invisible to the fidelity gate)."""
+    the logits less than bf16's own noise (one key of 1025 at context 1024, invisible to the fidelity gate).
+    `behind`: a test's fault (mutations.READ_PLAN_FAULTS), the plan asked for that many positions before."""
     spec = attention_spec(attn)
     if spec.read_plan is None:
         return None  # not applied: the kernel plans its own reads (the checks above see its faults)
     for position in range(context_len, context_len + steps):
-        if (slots := spec.slots_planned(position, cache_len, device)) < position + 1:
+        if (slots := spec.slots_planned(position - behind, cache_len, device)) < position + 1:
             return (f"attn={attn} plans to read {slots} slots for the token at slot {position}, short of its "
                     f"{position + 1} valid ones: the newest token's block goes unread")
     metrics["read_plan_positions_checked"] = float(steps)
