@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from harness.measure import mutations
 from harness.measure.job import measure
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import DecodeMode, Stepper
@@ -144,6 +145,8 @@ def test_flex_planning_one_block_short_fails_the_run(monkeypatch, context):
     assert result.metrics["verified"] == 0.0
     assert result.failure.startswith("attn=flex plans to read 128 slots for the token at slot 128, short of its 129 "
                                      "valid ones"), result.failure
+    with pytest.raises(ValueError, match="attn=sdpa makes none; use attn=flex"):  # where it could not act: refused
+        mutations.requested("eager", "sdpa")
 
 
 def test_the_decode_metrics_are_what_the_step_times_give_by_hand():

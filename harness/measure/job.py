@@ -183,7 +183,7 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     reference), the warm-up's logits in a list the first timed block extends (else None)."""
     cuda = device.type == "cuda"
     on_phase(mode.prepare_phase)
-    mutation = mutations.requested(cfg.mode)
+    mutation = mutations.requested(cfg.mode, cfg.attn)
     with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
         if mutation:  # a test's fault, active in the capture too
             with mutations.patched(model, mutation):

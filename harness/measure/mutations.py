@@ -1,7 +1,9 @@
 """Test-only faults in the decode under test, to prove the verification catches subtle bugs.
 
 HARNESS_INJECT_MUTATION=KIND wraps the mode's stepper (never the reference it is checked against) so that
-every call it makes, its capture included, runs with the fault. It is a test hook, not a config key:
+every call it makes, its capture included, runs with the fault. A few act where a fault of the real code would show
+and the stepper's calls cannot reach: in what the loop's own code records of a call (RECORDING_FAULTS), or in what
+verification asks the attention backend's real read planner (READ_PLAN_FAULTS). It is a test hook, not a config key:
 nothing a user sweeps can turn it on, and a run made with it says so in its tags.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from harness.kernels import attention_spec
 from harness.modes.fused import NOT_FED
 
 # inside mode=fused's own kernels, which patching the model's modules cannot reach: RoPE one position ahead in
@@ -38,14 +41,18 @@ KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_
          *REWIND_POSITION_FAULTS, *READ_PLAN_FAULTS, *RECORDING_FAULTS, *FUSED_KERNEL_FAULTS)
 
 
-def requested(mode: str) -> str | None:
-    """The fault HARNESS_INJECT_MUTATION asks of a job of `mode`, or None; one that cannot act in it is refused (a
-    fault inside mode=fused's kernels would leave another mode's run untouched, and passing)."""
+def requested(mode: str, attn: str | None = None) -> str | None:
+    """The fault HARNESS_INJECT_MUTATION asks of a job of `mode` (and attention backend `attn`), or None; one that
+    cannot act in it is refused (a fault inside mode=fused's kernels would leave another mode's run untouched, and
+    passing; so would a fault in a read plan where the backend makes none on the host)."""
     kind = os.environ.get("HARNESS_INJECT_MUTATION") or None
     if kind is not None and kind not in KINDS:
         raise ValueError(f"HARNESS_INJECT_MUTATION={kind} is not one of {', '.join(KINDS)}")
     if kind in FUSED_KERNEL_FAULTS and mode != "fused":
         raise ValueError(f"HARNESS_INJECT_MUTATION={kind} acts inside mode=fused's kernels, and this job is mode={mode}")
+    if kind in READ_PLAN_FAULTS and attn is not None and attention_spec(attn).read_plan is None:
+        raise ValueError(f"HARNESS_INJECT_MUTATION={kind} acts in a read plan made on the host, and attn={attn} "
+                         f"makes none; use attn=flex")
     return kind
 
 

@@ -121,7 +121,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
         failure = failure or _against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
-    behind = int(mutations.requested(cfg.mode) in mutations.READ_PLAN_FAULTS)  # a test's fault: the plan one behind
+    behind = int(mutations.requested(cfg.mode, cfg.attn) in mutations.READ_PLAN_FAULTS)  # a test's fault: the plan one behind
     if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics, behind)):
         failure = failure or plan
     if not applied:  # fail closed: a run that no check can judge is not verified
