@@ -121,7 +121,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
         failure = failure or _against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
-    behind = int(mutations.requested(cfg.mode, cfg.attn) in mutations.READ_PLAN_FAULTS)  # a test's fault: the plan one behind
+    behind = int(mutations.requested(cfg.mode, cfg.attn) in mutations.READ_PLAN_FAULTS)  # a test's fault: 1 behind
     if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics, behind)):
         failure = failure or plan
     if not applied:  # fail closed: a run that no check can judge is not verified
@@ -490,8 +490,6 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor, m
     fidelity = fidelity_against_fp32(ref, run.logits[:, :rows], plain)
     stepper.tags["fidelity"] = fidelity.pop("fidelity")
     metrics.update(fidelity)
-    if stepper.tags["fidelity"] == "worse" and err <= bound:  # passes: the line says why, where it is seen
-        stepper.tags["fidelity_accepted"] = worse_within_tolerance(fidelity, err, bound)
     if err > bound:
         return (f"logit error against fp32 {err:.4g} exceeds the bound {bound:.4g} "
                 f"({INEXACT_BOUND:g} x eager's own {own:.4g})")
@@ -499,7 +497,11 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor, m
         return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
     if k > 1 and (wrong := _every_token_against_fp32(every_step, run.tokens[:, :rows], 2 * err)) is not None:
         return wrong
-    return _fidelity_lost(fidelity) if stepper.tags["fidelity"] == "lost" else None
+    if stepper.tags["fidelity"] == "lost":
+        return _fidelity_lost(fidelity)
+    if stepper.tags["fidelity"] == "worse":  # it passes: never silently, the line says why
+        stepper.tags["fidelity_accepted"] = worse_within_tolerance(fidelity, err, bound)
+    return None
 
 
 def _every_token_against_fp32(every_step: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> str | None:
