@@ -37,16 +37,30 @@ def _forced_logits(stepper, tokens: list[torch.Tensor]) -> list[torch.Tensor]:
                                               ("sdpa-gqa", attention.enable_gqa_attention), ("flex", None),
                                               ("triton-decode", None)])
 def test_each_backend_decodes_as_transformers_sdpa_does(attn, gqa_decode, monkeypatch):
+    """Six decode steps from a context of 200 in a cache of 256, fp32: triton-decode cuts each KV head's valid prefix
+    (201 to 206 slots) into 4 chunks of 64, all in use, the last partial, so that a merge that drops a chunk (the last
+    one), or a chunk's end off by a block, moves the logits; flex reads its second block."""
     if gqa_decode is not None:
         monkeypatch.setattr(attention, "GQA_DECODE", gqa_decode)
     plain, ours = _tiny("sdpa"), _tiny(attn)
-    prompt = seeded_prompt(2, 8, plain.config.vocab_size, 0, CPU)
+    context, cache = 200, 256
+    if attn == "triton-decode":
+        from harness.kernels.triton_decode import BLOCK_N, splits_for
+
+        def up(a: int, b: int) -> int:  # ceil(a / b), as the kernel's chunk_of computes it
+            return -(-a // b)
+
+        splits = splits_for(2, plain.config.num_key_value_heads, cache)
+        for valid in range(context + 1, context + 7):  # every chunk in use, the last one partial
+            chunk = up(up(valid, splits), BLOCK_N) * BLOCK_N
+            assert splits == 4 and up(valid, chunk) == splits and valid % chunk
+    prompt = seeded_prompt(2, context, plain.config.vocab_size, 0, CPU)
     tokens = [torch.randint(0, plain.config.vocab_size, (2, 1), generator=torch.Generator().manual_seed(i))
               for i in range(6)]
     key_heads, sdpa = [], F.scaled_dot_product_attention
     with torch.inference_mode():
-        expected = _forced_logits(EagerStepper(plain, prompt, 128), tokens)
-        stepper = EagerStepper(ours, prompt, 128)  # prefilled: from here on, what each decode step's SDPA reads
+        expected = _forced_logits(EagerStepper(plain, prompt, cache), tokens)
+        stepper = EagerStepper(ours, prompt, cache)  # prefilled: from here on, what each decode step's SDPA reads
         monkeypatch.setattr(F, "scaled_dot_product_attention",
                             lambda q, k, *a, **kw: key_heads.append(k.shape[1]) or sdpa(q, k, *a, **kw))
         got = _forced_logits(stepper, tokens)

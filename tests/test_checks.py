@@ -1,5 +1,7 @@
-"""Checks that fail closed: each test injects a plausible bug that an outside audit found passing, and sees the
-run fail (the bug lives in the test, never in the code)."""
+"""Checks that fail closed: each test reaches a plausible bug that an outside audit found passing, through the real
+code's inputs or the harness's mutation registry (harness/measure/mutations.py), never a copy of the code in the
+test, and sees the run fail; the same test passes the run without the fault, so the real code carrying the bug
+fails it too."""
 from __future__ import annotations
 
 import sys
@@ -7,26 +9,42 @@ import sys
 import pytest
 import torch
 
+from harness.measure import mutations
 from harness.measure.job import measure
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import DecodeMode, Stepper
-from tests.support import FAST, flex_block_mask_one_short, run_config
+from tests.support import FAST, run_config
 
 pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
 
 def test_a_rewind_one_slot_off_fails_the_run(monkeypatch):
     """K/V written one slot too far after every rewind: the run, eager's references and the fp32 calibration
-    would all be rewound alike; the write position, counted from the prompt, is not."""
-    def rewind_one_off(self):
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(self.context_len + 1)
-        self.static_ids.copy_(self.first_ids)
-
-    monkeypatch.setattr(Stepper, "rewind", rewind_one_off)
-    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "repeats=2"))
+    would all be rewound alike; the write position, counted from the prompt, is not. The real Stepper.rewind runs in
+    both jobs: as it is (the run must pass), and asked through the mutation registry to rewind one slot past the
+    context (the run must fail, naming the slot)."""
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "repeats=2")
+    clean = measure(cfg)
+    assert clean.failure is None and clean.metrics["verified"] == 1.0
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "rewind_one_slot_off")
+    result = measure(cfg)
     assert result.failure is not None and result.metrics["verified"] == 0.0
     assert result.failure.startswith("after a rewind the cache writes at slot 9, not after the 8 context tokens")
+
+
+def test_a_loop_that_records_its_input_token_not_its_argmax_fails_the_run(monkeypatch):
+    """Every token the loop records (warm-up and every timed block) is checked against the logits its call returned.
+    A loop that records what a call read instead of the argmax it fed on, put in the loop's own recording through the
+    mutation registry: on the untied tiny model a timed loop with this very fault passed every other check."""
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "decode_tokens=16", "model.tie_word_embeddings=false")
+    clean = measure(cfg)
+    assert clean.failure is None and clean.metrics["recorded_tokens_argmax"] == 1.0
+    assert clean.metrics["recorded_tokens_checked"] == (2 + 16) * 2  # each call of the warm-up and the block, each row
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "input_token_recorded")
+    result = measure(cfg)
+    assert result.metrics["verified"] == 0.0 and result.metrics["recorded_tokens_argmax"] == 0.0
+    assert result.failure.startswith("the token recorded for call 0 of the warm-up is not an argmax of the logits "
+                                     "that call returned"), result.failure
 
 
 class TwoTokenStepper(Stepper):
@@ -114,15 +132,21 @@ def test_every_applicable_check_is_counted():
 def test_flex_planning_one_block_short_fails_the_run(monkeypatch, context):
     """flex's block count one short where the position is a multiple of 128. On a CPU flex's unfused path reads
     every block whatever the count, so the logits stay right and only the check of its read plan sees the fault:
-    at context 8 the verified window reaches slot 128, at context 128 it starts there."""
-    from harness.kernels import attention
-
-    monkeypatch.setattr(attention, "decode_block_mask", flex_block_mask_one_short)
-    result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", f"context_len={context}",
-                                "cache_len=256"))
+    at context 8 the verified window reaches slot 128, at context 128 it starts there. The real planner
+    (decode_block_mask) runs: as it is, the run passes with its plan checked at slot 128; asked through the mutation
+    registry for the position before (ceil(position / 128) blocks: one short at a block's first slot, the same
+    count elsewhere), the run fails there."""
+    cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "attn=flex", f"context_len={context}", "cache_len=256")
+    if context == 128:  # (at context 8 test_every_applicable_check_is_counted runs the clean job across slot 128)
+        clean = measure(cfg)
+        assert clean.failure is None and clean.metrics["read_plan_positions_checked"] == clean.metrics["verified_steps"]
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "read_plan_one_behind")
+    result = measure(cfg)
     assert result.metrics["verified"] == 0.0
     assert result.failure.startswith("attn=flex plans to read 128 slots for the token at slot 128, short of its 129 "
                                      "valid ones"), result.failure
+    with pytest.raises(ValueError, match="attn=sdpa makes none; use attn=flex"):  # where it could not act: refused
+        mutations.requested("eager", "sdpa")
 
 
 def test_the_decode_metrics_are_what_the_step_times_give_by_hand():

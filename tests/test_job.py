@@ -450,3 +450,42 @@ def test_a_fault_at_one_step_within_the_max_logit_bound_fails_on_its_kl():
     assert checks["kl_delta_max_step_nats"] > checks["kl_step_tolerance_nats"]
     # native eager judged as a run: its deltas are 0, its fidelity matched
     assert ok is None and clean["kl_delta_nats"] == 0.0 and clean["kl_delta_max_step_nats"] == 0.0
+
+
+class SlightlyNoisyStepper(EagerStepper):
+    """An inexact mode a little farther from fp32 than eager at every step (noise of 0.01 on every logit): its KL
+    delta's whole interval lies above 0, within the tolerance."""
+
+    def step(self):
+        logits = super().step()
+        return logits + (0.01 * torch.randn_like(logits.float())).to(logits.dtype)
+
+
+def test_a_worse_fidelity_passes_only_with_a_line_that_says_why():
+    """"worse" (the KL from fp32 above native eager's, the whole interval, within the tolerance) never passes
+    silently: the run's tag `fidelity_accepted` and its outcome line say by how much and within what. A run that
+    matched eager carries no such line. Bug caught: a "worse" run passing with nothing said (the verdict a tag that
+    no run acts on)."""
+    from types import SimpleNamespace
+
+    from harness.cli.runner import outcome
+
+    cfg = run_config(*FAST, "device=cpu", "bs=4", "dtype=bf16")
+    model = models.get_model(cfg.model, "bf16", "sdpa", torch.device("cpu"), 0).model
+    prompt = seeded_prompt(4, 8, model.config.vocab_size, 0, torch.device("cpu"))
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        noisy, plain = SlightlyNoisyStepper(model, prompt, 64), EagerStepper(model, prompt, 64)
+        checks, why = verify(model, prompt, noisy, cfg, False, torch.empty(0))
+        clean, ok = verify(model, prompt, plain, cfg, False, torch.empty(0))
+    assert why is None and noisy.tags["fidelity"] == "worse"
+    assert 0 < checks["kl_delta_low_nats"] <= checks["kl_tolerance_nats"]
+    line = noisy.tags["fidelity_accepted"]
+    assert line.startswith(f"KL from fp32 {checks['kl_delta_nats']:.3g} nats a token above native eager's (95% "
+                           f"interval {checks['kl_delta_low_nats']:.3g} to ") and "\n" not in line
+    assert f"within the tolerance {checks['kl_tolerance_nats']:.3g}" in line
+    finished = {"step_ms_median": 1.0, "wall_ms_per_step": 1.5}
+    said = outcome(SimpleNamespace(status="FINISHED", metrics=finished, mode_tags=noisy.tags))
+    assert said == f"done, median 1.000 ms/step, 1.500 ms/step wall; fidelity worse than eager's, accepted: {line}"
+    assert ok is None and plain.tags["fidelity"] == "matched" and "fidelity_accepted" not in plain.tags
+    assert outcome(SimpleNamespace(status="FINISHED", metrics=finished, mode_tags=plain.tags)).endswith("ms/step wall")

@@ -199,6 +199,21 @@ def test_inductor_options_are_in_force_while_the_step_compiles(monkeypatch):
     assert seen and set(seen) == {(False, True)}  # the run's option over the mode's own (max_autotune kept)
 
 
+def test_a_compiled_step_decodes_at_the_caches_own_position():
+    """The fast loop's one compiled case (mode=compiled-nograph, Inductor on the CPU, a one-layer tiny model, fp32):
+    the compiled step must decode at the position the cache holds, from the prefill and again after a rewind (two
+    timed blocks), as eager does. A position bug in the compiled path (RoPE a position off, K/V written at another
+    slot, a position fixed when the step was traced) moves the logits by far more than fp32's rounding, and the
+    check against the fp32 reference fails the run."""
+    result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", "bs=2", "warmup=1",
+                                "decode_tokens=4", "repeats=2", "stop=repeats", "model.num_hidden_layers=1",
+                                "model.tie_word_embeddings=false"))
+    m = result.metrics
+    assert result.failure is None and m["verified"] == 1.0 and m["repeats"] == 2.0
+    assert m["fp32_token_agreement"] == 1.0 and m["fp32_max_logit_err"] <= m["fp32_err_bound"]
+    assert m["verified_steps"] == 32 and m["fp32_rows_checked"] == 2  # every verified step of both rows
+
+
 @pytest.mark.slow
 def test_compiled_nograph_runs_on_cpu_and_matches_eager():
     result = measure(run_config(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32"))

@@ -137,7 +137,10 @@ def finish(record: JobRecord, ctx: JobContext) -> None:
 def outcome(record: JobRecord) -> str:
     if record.status == "FINISHED":
         m = record.metrics
-        return f"done, median {m['step_ms_median']:.3f} ms/step, {m['wall_ms_per_step']:.3f} ms/step wall"
+        done = f"done, median {m['step_ms_median']:.3f} ms/step, {m['wall_ms_per_step']:.3f} ms/step wall"
+        if (why := record.mode_tags.get("fidelity_accepted")) is not None:  # never a silent pass
+            done += f"; fidelity worse than eager's, accepted: {why}"
+        return done
     return f"{record.status}: {record.reason}"
 
 

@@ -119,8 +119,10 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         on_phase(f"profile {stepper.tags['profile']}")
     on_phase("verify")
     with stopwatch(device, metrics, "verify_ms"):
+        choices = [("the warm-up", stepper.warm_choices),
+                   *((f"timed block {i + 1}", b.choices) for i, b in enumerate(blocks))]
         checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]),
-                                 loop[0] if loop else None)
+                                 loop[0] if loop else None, choices)
     metrics.update(checks)
     failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
@@ -181,7 +183,7 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     reference), the warm-up's logits in a list the first timed block extends (else None)."""
     cuda = device.type == "cuda"
     on_phase(mode.prepare_phase)
-    mutation = mutations.requested(cfg.mode)
+    mutation = mutations.requested(cfg.mode, cfg.attn)
     with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
         if mutation:  # a test's fault, active in the capture too
             with mutations.patched(model, mutation):
@@ -206,7 +208,10 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
     on_phase("warmup")
     with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
         kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None
-        warm_tokens, pace_ms = warm_up(stepper, cfg.warmup, device, kept)
+        choices: list[torch.Tensor] = []
+        warm_tokens, pace_ms = warm_up(stepper, cfg.warmup, device, kept, choices)
+    # each warm-up call's best logit and its recorded token's, for verification (verify.recorded_tokens)
+    stepper.warm_choices = torch.stack(choices) if choices else torch.empty(0, 2, stepper.bs)
     if pace_ms is not None:
         phases["warmup_pace_ms"] = pace_ms  # ms a step over the warm-up's second half: what sizes a timed block
     return stepper, warm_tokens, kept

@@ -1,7 +1,9 @@
 """Test-only faults in the decode under test, to prove the verification catches subtle bugs.
 
 HARNESS_INJECT_MUTATION=KIND wraps the mode's stepper (never the reference it is checked against) so that
-every call it makes, its capture included, runs with the fault. It is a test hook, not a config key:
+every call it makes, its capture included, runs with the fault. A few act where a fault of the real code would show
+and the stepper's calls cannot reach: in what the loop's own code records of a call (RECORDING_FAULTS), or in what
+verification asks the attention backend's real read planner (READ_PLAN_FAULTS). It is a test hook, not a config key:
 nothing a user sweeps can turn it on, and a run made with it says so in its tags.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from harness.kernels import attention_spec
 from harness.modes.fused import NOT_FED
 
 # inside mode=fused's own kernels, which patching the model's modules cannot reach: RoPE one position ahead in
@@ -22,18 +25,34 @@ FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost", NOT_FED)
 # the first rewind on (blocks after the first, the checks), where the free run and every reference that decodes in the
 # run's cache read the same damaged context
 REWIND_FAULTS = ("rewind_clears_context_end",)
+# the stepper's own rewind, asked to rewind to one slot past the context: every layer then writes a slot too far after
+# each rewind, and the run, eager's references and the fp32 calibration would all decode from there alike
+REWIND_POSITION_FAULTS = ("rewind_one_slot_off",)
+# the attention backend's read plan (its block count, made on the host) asked for the position before the one it
+# plans: the plan of a token that starts a block then leaves that block unread, as a count one short does there
+# (ceil(position / block) for position // block + 1). Acts in verification's check of the plan: on a CPU, flex's
+# unfused decode reads every block whatever the count
+READ_PLAN_FAULTS = ("read_plan_one_behind",)
+# faults in what the loop records, not in what it decodes: from the prefill to the next rewind (the warm-up and first
+# timed block, whose tokens the checks judge), the token the loop's own code records for a call is the one the call
+# read (its input), not the argmax it fed on; verification's free run, after its rewind, records as it should
+RECORDING_FAULTS = ("input_token_recorded",)
 KINDS = ("kv_lost", "rope_off_by_one", "layer_skipped", "newest_masked", "stale_token", *REWIND_FAULTS,
-         *FUSED_KERNEL_FAULTS)
+         *REWIND_POSITION_FAULTS, *READ_PLAN_FAULTS, *RECORDING_FAULTS, *FUSED_KERNEL_FAULTS)
 
 
-def requested(mode: str) -> str | None:
-    """The fault HARNESS_INJECT_MUTATION asks of a job of `mode`, or None; one that cannot act in it is refused (a
-    fault inside mode=fused's kernels would leave another mode's run untouched, and passing)."""
+def requested(mode: str, attn: str | None = None) -> str | None:
+    """The fault HARNESS_INJECT_MUTATION asks of a job of `mode` (and attention backend `attn`), or None; one that
+    cannot act in it is refused (a fault inside mode=fused's kernels would leave another mode's run untouched, and
+    passing; so would a fault in a read plan where the backend makes none on the host)."""
     kind = os.environ.get("HARNESS_INJECT_MUTATION") or None
     if kind is not None and kind not in KINDS:
         raise ValueError(f"HARNESS_INJECT_MUTATION={kind} is not one of {', '.join(KINDS)}")
     if kind in FUSED_KERNEL_FAULTS and mode != "fused":
         raise ValueError(f"HARNESS_INJECT_MUTATION={kind} acts inside mode=fused's kernels, and this job is mode={mode}")
+    if kind in READ_PLAN_FAULTS and attn is not None and attention_spec(attn).read_plan is None:
+        raise ValueError(f"HARNESS_INJECT_MUTATION={kind} acts in a read plan made on the host, and attn={attn} "
+                         f"makes none; use attn=flex")
     return kind
 
 
@@ -98,21 +117,37 @@ class MutatedStepper:
 
     def __init__(self, inner, kind: str):
         self.inner, self.kind, self.calls = inner, kind, 0
+        self.since_prefill = False  # no rewind since the last restart
         self.kv_snapshot: list[torch.Tensor] | None = None
 
-    def __getattr__(self, name):  # bs, input_ids, tokens, metrics, tags, ... are the inner stepper's
+    def __getattr__(self, name):  # bs, input_ids, metrics, tags, ... are the inner stepper's
         return getattr(self.inner, name)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """What the last call decoded, as the loop reads it to record it: under input_token_recorded, what that call
+        read instead (the token before its argmax)."""
+        if self.kind == "input_token_recorded" and self.calls and self.since_prefill:
+            return self._previous.T.expand_as(self.inner.tokens)
+        return self.inner.tokens
 
     def restart(self, prompt):
         with patched(self.inner.model, self.kind):
             self.inner.restart(prompt)
-        self.calls = 0
+        self.calls, self.since_prefill = 0, True
         if self.kind == "kv_lost":  # what a graph writing into a private copy of the cache would leave
             self.kv_snapshot = [t.clone() for layer in self.inner.cache.layers for t in (layer.keys, layer.values)]
 
     def rewind(self):
-        self.inner.rewind()
-        self.calls = 0
+        if self.kind == "rewind_one_slot_off":  # the stepper's own rewind, with the context one slot longer
+            self.inner.context_len += 1
+            try:
+                self.inner.rewind()
+            finally:
+                self.inner.context_len -= 1
+        else:
+            self.inner.rewind()
+        self.calls, self.since_prefill = 0, False
         if self.kind == "rewind_clears_context_end":
             last = self.inner.context_len - 1
             for layer in self.inner.cache.layers:

@@ -28,6 +28,9 @@ class DecodeTiming:
     clock: str  # "cuda_event" | "host"
     tokens_per_call: int
     tokens: torch.Tensor  # [calls * tokens_per_call, bs]: what the loop decoded, kept on the device
+    # [calls, 2, bs]: each call's best logit and the logit of the token recorded for its last step, from the logits
+    # that call returned, kept on the device (note_choice): a recorded token must be an argmax (recorded_not_argmax)
+    choices: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -51,30 +54,50 @@ def calls_for(stepper: Stepper, tokens: int) -> int:
     return math.ceil(tokens / stepper.tokens_per_step)
 
 
-def run_steps(stepper: Stepper, tokens: int, keep_logits: list | None = None) -> torch.Tensor:
+def note_choice(logits: torch.Tensor, recorded: torch.Tensor, into: torch.Tensor) -> None:
+    """A call's best logit and that of the token recorded for its last step, each [bs], into `into` [2, bs] (fp32,
+    on the device; no sync): the token is an argmax where the two are equal (a tie between tokens included)."""
+    into[0].copy_(logits.amax(dim=-1))
+    into[1].copy_(logits.gather(-1, recorded[:, None])[:, 0])
+
+
+def recorded_not_argmax(choices: torch.Tensor) -> tuple[int, int] | None:
+    """The first call (index, and how many calls in all) whose recorded token is not an argmax of the logits it
+    returned, from note_choice's [calls, 2, bs]; None where every one is. A sync: after timing."""
+    wrong = ~(choices[:, 1] >= choices[:, 0]).all(dim=1)  # a NaN logit is no argmax either
+    if not bool(wrong.any()):
+        return None
+    return int(wrong.nonzero()[0, 0]), int(wrong.sum())
+
+
+def run_steps(stepper: Stepper, tokens: int, keep_logits: list | None = None,
+              choices: list | None = None) -> torch.Tensor:
     """Untimed greedy steps (warm-up); returns the tokens they decoded, [steps, bs], on the device. `keep_logits`
-    receives each call's logits (the tensor the stepper returned: no copy)."""
+    receives each call's logits (the tensor the stepper returned: no copy); `choices`, each call's note_choice."""
     decoded = []
     for _ in range(calls_for(stepper, tokens)):
         logits = advance(stepper)
         if keep_logits is not None:
             keep_logits.append(logits)
         decoded.append(stepper.tokens.clone())
+        if choices is not None:
+            choices.append(torch.empty(2, stepper.bs, device=logits.device))
+            note_choice(logits, decoded[-1][-1], choices[-1])
     return torch.cat(decoded)
 
 
-def warm_up(stepper: Stepper, tokens: int, device: torch.device,
-            keep_logits: list | None = None) -> tuple[torch.Tensor, float | None]:
+def warm_up(stepper: Stepper, tokens: int, device: torch.device, keep_logits: list | None = None,
+            choices: list | None = None) -> tuple[torch.Tensor, float | None]:
     """The untimed warm-up (run_steps), and its pace: ms a token over its second half of calls, between syncs (outside
     any timed loop), so that a first call's one-off costs (a late compile, a cold cache) do not count; None where
     it makes fewer than two calls."""
     calls, k = calls_for(stepper, tokens), stepper.tokens_per_step
     if calls < 2:
-        return run_steps(stepper, tokens, keep_logits), None
-    first = run_steps(stepper, calls // 2 * k, keep_logits)
+        return run_steps(stepper, tokens, keep_logits, choices), None
+    first = run_steps(stepper, calls // 2 * k, keep_logits, choices)
     second_half: dict[str, float] = {}
     with stopwatch(device, second_half, "ms"):
-        second = run_steps(stepper, (calls - calls // 2) * k, keep_logits)
+        second = run_steps(stepper, (calls - calls // 2) * k, keep_logits, choices)
     return torch.cat([first, second]), second_half["ms"] / second.shape[0]
 
 
@@ -82,9 +105,12 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
                  keep_logits: list | None = None) -> DecodeTiming:
     """`keep_logits` receives each call's logits, between calls: a reference to the tensor the stepper returned (no
     copy, no kernel, no sync; an eager step allocates its output anew), so that plain eager's loop can be its own
-    check's reference."""
+    check's reference. Each call's best logit and the recorded token's are kept too (note_choice: two small kernels
+    between calls, outside the events, no sync), so that every recorded token is checked against the logits it
+    came from after the loop."""
     calls, k = calls_for(stepper, tokens), stepper.tokens_per_step
     produced = torch.empty(calls * k, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
+    choices = torch.empty(calls, 2, stepper.bs, device=stepper.input_ids.device)
     done = iter(range(calls))
 
     def after(logits) -> None:  # between calls, outside the events: feed, and keep the tokens (no sync)
@@ -94,6 +120,7 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
         if keep_logits is not None:
             keep_logits.append(logits)
         produced[i * k:(i + 1) * k].copy_(stepper.tokens)
+        note_choice(logits, produced[(i + 1) * k - 1], choices[i])
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -103,7 +130,7 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
         t0 = time.perf_counter()
         call_ms, clock = _host_ms(stepper.step, calls, after), "host"
     wall_ms = (time.perf_counter() - t0) * 1e3
-    return DecodeTiming([ms / k for ms in call_ms], wall_ms, clock, k, produced)
+    return DecodeTiming([ms / k for ms in call_ms], wall_ms, clock, k, produced, choices)
 
 
 def _host_ms(fn: Callable[[], object], calls: int, after: Callable[[object], None]) -> list[float]:

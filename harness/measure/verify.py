@@ -44,7 +44,7 @@ from harness.modes.base import CACHE_KWARG, kv_heads_and_dim, pad_rows, prefill_
 from harness.modes.eager import EagerStepper
 from harness.measure import mutations, references
 from harness.measure.stats import paired_mean_interval
-from harness.measure.timing import advance, calls_for
+from harness.measure.timing import advance, calls_for, recorded_not_argmax
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
 INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
@@ -94,14 +94,17 @@ def loop_reference(logits: list[torch.Tensor], decoded: torch.Tensor, steps: int
 
 
 def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
-           loop: LoopReference | None = None) -> tuple[dict, str | None]:
+           loop: LoopReference | None = None, choices: list | None = None) -> tuple[dict, str | None]:
     """Metrics of the checks that apply, and the failure reason of the first that failed (or None).
     `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them;
-    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference). Verification is a job's
-    last use of the stepper's cache: it is freed at the end, or kept for the next job (keep_or_release)."""
+    `loop`: that loop's own logits, where it was plain eager (loop_serves_as_reference); `choices`: (phase, its
+    calls' timing.note_choice [calls, 2, bs]) for the warm-up and every timed block, whose recorded tokens must each
+    be an argmax of the logits they came from (recorded_tokens). Verification is a job's last use of the stepper's
+    cache: it is freed at the end, or kept for the next job (keep_or_release)."""
     metrics, applied = {}, []
+    failure = recorded_tokens(choices, metrics) if choices is not None else None
     stepper.rewind()
-    failure = _rewound_to_the_context(stepper, prompt.shape[1])
+    failure = failure or _rewound_to_the_context(stepper, prompt.shape[1])
     steps = verified_steps(cfg.attn, prompt.shape[1], cfg.cache_len)
     run = _free_run(stepper, calls_for(stepper, steps), decoded)
     digest = context_digest(stepper)  # the context as the checks find it, once: fp32's kept reference is keyed by it
@@ -118,7 +121,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
         failure = failure or _against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
-    if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics)):
+    behind = int(mutations.requested(cfg.mode, cfg.attn) in mutations.READ_PLAN_FAULTS)  # a test's fault: 1 behind
+    if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics, behind)):
         failure = failure or plan
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
@@ -162,18 +166,40 @@ def verified_steps(attn: str, context_len: int, cache_len: int) -> int:
     return max(VERIFY_TOKENS, min(first_edge - context_len + 3, cache_len - context_len))
 
 
-def _read_plan_problem(attn: str, context_len: int, steps: int, cache_len: int, device, metrics: dict) -> str | None:
+def _read_plan_problem(attn: str, context_len: int, steps: int, cache_len: int, device, metrics: dict,
+                       behind: int = 0) -> str | None:
     """Where the backend plans on the host which blocks a step reads, that plan must cover every valid slot at every
     verified position: a block count one short leaves the newest token unread at a block's first slot, which moves
-    the logits less than bf16's own noise (one key of 1025 at context 1024, invisible to the fidelity gate)."""
+    the logits less than bf16's own noise (one key of 1025 at context 1024, invisible to the fidelity gate).
+    `behind`: a test's fault (mutations.READ_PLAN_FAULTS), the plan asked for that many positions before."""
     spec = attention_spec(attn)
     if spec.read_plan is None:
         return None  # not applied: the kernel plans its own reads (the checks above see its faults)
     for position in range(context_len, context_len + steps):
-        if (slots := spec.slots_planned(position, cache_len, device)) < position + 1:
+        if (slots := spec.slots_planned(position - behind, cache_len, device)) < position + 1:
             return (f"attn={attn} plans to read {slots} slots for the token at slot {position}, short of its "
                     f"{position + 1} valid ones: the newest token's block goes unread")
     metrics["read_plan_positions_checked"] = float(steps)
+    return None
+
+
+def recorded_tokens(choices: list, metrics: dict) -> str | None:
+    """Every token the loop recorded (the warm-up's and every timed block's, the last of each call) must be an argmax
+    of the logits that very call returned: its logit is compared with the call's best, both kept beside the loop
+    (timing.note_choice), so no tolerance is needed (a tie passes; nothing else does). A loop that records another
+    token than it decoded (its input, a stale buffer) would hand every check after it a history the run never
+    decoded; where greedy decode repeats its input, or logits lie within the tie tolerance, those checks pass."""
+    checked = 0
+    for phase, calls in choices:
+        if calls.shape[0] == 0:
+            continue
+        checked += calls.shape[0] * calls.shape[2]
+        if (wrong := recorded_not_argmax(calls)) is not None:
+            metrics.update(recorded_tokens_argmax=0.0, recorded_tokens_checked=float(checked))
+            return (f"the token recorded for call {wrong[0]} of {phase} is not an argmax of the logits that call "
+                    f"returned ({wrong[1]} of {calls.shape[0]} calls there): the loop recorded another token than "
+                    f"it decoded")
+    metrics.update(recorded_tokens_argmax=1.0, recorded_tokens_checked=float(checked))
     return None
 
 
@@ -471,7 +497,11 @@ def _against_fp32(model, prompt, stepper, cfg, run: Trace, sums: torch.Tensor, m
         return f"a token differs from fp32's where fp32's top-2 gap exceeds twice the error ({2 * err:.4g})"
     if k > 1 and (wrong := _every_token_against_fp32(every_step, run.tokens[:, :rows], 2 * err)) is not None:
         return wrong
-    return _fidelity_lost(fidelity) if stepper.tags["fidelity"] == "lost" else None
+    if stepper.tags["fidelity"] == "lost":
+        return _fidelity_lost(fidelity)
+    if stepper.tags["fidelity"] == "worse":  # it passes: never silently, the line says why
+        stepper.tags["fidelity_accepted"] = worse_within_tolerance(fidelity, err, bound)
+    return None
 
 
 def _every_token_against_fp32(every_step: torch.Tensor, tokens: torch.Tensor, tolerance: float) -> str | None:
@@ -566,6 +596,19 @@ def _fp32_reference(model, prompt, cfg, context: ContextCopy, run: Trace, sums: 
     shape = ("fp32", references.weights_key(model), rows, cfg.cache_len)  # any attention: fp32 runs sdpa
     return references.reference("fp32", shape, [prompt[:rows], context.first_ids, sums, run.tokens[:, :rows]], 0,
                                 fp32_decode)
+
+
+def worse_within_tolerance(f: dict, err: float, bound: float) -> str:
+    """One line on why a run whose fidelity is "worse" (its KL from fp32 above native eager's, the whole interval)
+    passes: the excess lies within the tolerance (KL_TOLERANCE x eager's own KL from fp32: the run rounds farther from
+    fp32 than eager does, by no more than eager's own distance from it), its worst step within KL_STEP_TOLERANCE x
+    eager's worst, and its largest logit error within the bound. The job's tag `fidelity_accepted`, and its
+    outcome line."""
+    return (f"KL from fp32 {f['kl_delta_nats']:.3g} nats a token above native eager's (95% interval "
+            f"{f['kl_delta_low_nats']:.3g} to {f['kl_delta_high_nats']:.3g}), within the tolerance "
+            f"{f['kl_tolerance_nats']:.3g} ({KL_TOLERANCE:g} x eager's own {f['eager_kl_nats']:.3g}); worst step "
+            f"{f['kl_delta_max_step_nats']:.3g} within {f['kl_step_tolerance_nats']:.3g}; largest logit error "
+            f"{err:.4g} within {bound:.4g}")
 
 
 def _fidelity_lost(f: dict) -> str:
