@@ -76,3 +76,63 @@ def test_a_machine_loaded_past_its_free_cores_while_timing_warns_and_marks_the_r
     assert "the machine's load" in result.mode_tags["noisy"]
     assert result.metrics["cpu_load"] > os.cpu_count()
     assert "warning: " in capsys.readouterr().err
+
+
+def refused(argv: list[str], where, capsys) -> str:
+    """main()'s answer to a command line that must be refused: exit 2, one line on stderr, nothing printed on
+    stdout, nothing created in `where` (the working folder: no store, no outputs). Returns the line."""
+    from harness.cli.main import main
+
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.strip().splitlines()) == 1, out.err
+    assert list(where.iterdir()) == []
+    return out.err.strip()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-m", "+experiment=nosuch"], "harness: In 'config': Could not find 'experiment/nosuch' Available options in "
+                                   "'experiment': capacity context cpu design-card"),
+    (["-m", "experiment=ladder"], "To append to your default list use +experiment=ladder"),
+    (["+experiment=nosuch"], "Could not find 'experiment/nosuch'"),
+])
+def test_hydras_own_errors_are_one_line_and_exit_2_with_nothing_created(tmp_path, monkeypatch, capsys, argv, says):
+    monkeypatch.chdir(tmp_path)
+    assert says in refused(argv, tmp_path, capsys)
+
+
+def test_a_sweep_holding_one_bad_batch_size_exits_2_before_any_job_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = refused(["-m", *FAST, "bs=1,0"], tmp_path, capsys)
+    assert line == ("harness: bs=0 is invalid: the batch size must be >= 1 (in the sweep's job "
+                    f"{' '.join(FAST)} bs=0; nothing ran)")
+
+
+def test_a_sweeps_exclude_rules_keep_a_job_they_leave_out_from_refusing_it(tmp_path, monkeypatch):
+    """A job the sweep's exclude rules leave out is never run, so its config does not refuse the sweep."""
+    from harness.cli.precheck import check_sweep
+
+    with pytest.raises(ConfigError, match="graph_steps=2 applies to mode=graphed"):
+        check_sweep([*FAST, "mode=eager,graphed", "graph_steps=1,2"])
+    check_sweep([*FAST, "mode=eager,graphed", "graph_steps=1,2", "hydra.sweeper.exclude=[{mode:eager,graph_steps:2}]"])
+
+
+def test_the_cpu_preset_holds_the_design_cards_batch_sizes_eager_on_the_cpu_only():
+    """The CPU set-up command's sweep: the design card's batch sizes, each a job a CPU can run (eager on the CPU,
+    the tiny model), so that it ends with exit 0 where the design card's graphed jobs fail by design."""
+    from harness.cli.plan import jobs_of
+
+    jobs, _ = jobs_of(["+experiment=cpu"])
+    runs = [run_config(*job) for job in jobs]
+    card = [run_config(*job) for job in jobs_of(["+experiment=design-card"])[0]]
+    assert sorted(r.bs for r in runs) == sorted({r.bs for r in card})
+    assert {(r.mode, r.device, r.model.name) for r in runs} == {("eager", "cpu", "tiny")}
+
+
+@pytest.mark.slow
+def test_the_cpu_set_up_command_ends_with_exit_0_on_a_cpu(tmp_path, monkeypatch, torch_threads):
+    from harness.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["-m", "+experiment=cpu"]) == 0
