@@ -136,3 +136,21 @@ def test_the_cpu_set_up_command_ends_with_exit_0_on_a_cpu(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert main(["-m", "+experiment=cpu"]) == 0
+
+
+@pytest.mark.parametrize("argv", [
+    [*FAST, "device=cpu", "hydra.run.dir={file}/run"],
+    ["-m", *FAST, "device=cpu", "bs=1,2", "hydra.sweep.dir={file}/sweep/${{now:%H-%M-%S}}"],
+])
+def test_an_output_folder_under_a_file_is_one_line_exit_2_and_no_stray_parent_run(tmp_path, monkeypatch, capsys,
+                                                                                  argv):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    from harness.cli.main import main
+
+    assert main([a.format(file=tmp_path / "notes.txt") for a in argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.strip().splitlines()) == 1, out.err
+    assert f"{tmp_path / 'notes.txt'} is a file, not a folder" in out.err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # no store (so no parent run), no folder

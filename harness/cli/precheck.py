@@ -90,12 +90,43 @@ def check_saved_steps_budget() -> None:
         raise ConfigError(str(err)) from err
 
 
+def output_dir(overrides: list[str], multirun: bool) -> tuple[str, str]:
+    """The key that names the folder Hydra will create for this command (hydra.sweep.dir for a sweep, else
+    hydra.run.dir) and its value: the command line's, else conf/config.yaml's."""
+    from pathlib import Path
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == key]
+    if given:
+        return key, given[-1]
+    return key, str(OmegaConf.select(OmegaConf.load(Path(CONF_DIR) / "config.yaml"), key))
+
+
+def check_output_dir(overrides: list[str], multirun: bool) -> None:
+    """The folder Hydra will create must be one this user can create: its nearest existing parent (up to the first
+    interpolation, `${now:...}`, which Hydra fills in) must be a folder it may write in."""
+    from pathlib import Path
+
+    key, value = output_dir(overrides, multirun)
+    fixed = Path(value.split("${", 1)[0] or ".").expanduser()
+    existing = fixed.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={value} cannot be created: {existing} is a file, not a folder; "
+                          "give a folder path under a folder you can write")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={value} cannot be created: {existing} is not writable by this user; "
+                          "give a folder path under a folder you can write")
+
+
 def precheck(argv: list[str], multirun: bool) -> None:
     """Refuse what cannot run, before anything is created (ConfigError: one line)."""
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     uri = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("tracking.uri=")), None)
     check_store_uri(uri or os.environ.get("MLFLOW_TRACKING_URI"))
     check_saved_steps_budget()
+    check_output_dir(overrides, multirun)
     if multirun:
         check_sweep(overrides)
         return
