@@ -99,7 +99,8 @@ def output_dir(overrides: list[str], multirun: bool) -> tuple[str, str]:
     given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == key]
     if given:
         return key, given[-1]
-    return key, str(OmegaConf.select(OmegaConf.load(Path(CONF_DIR) / "config.yaml"), key))
+    hydra = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "config.yaml"), resolve=False)["hydra"]
+    return key, str(hydra[key.split(".")[1]]["dir"])  # as written: Hydra fills its interpolations in
 
 
 def check_output_dir(overrides: list[str], multirun: bool) -> None:
