@@ -80,7 +80,7 @@ def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
             assert any(b and b["y"] + b["height"] <= 1080 for b in boxes), boxes  # one needs no scrolling
         _screenshot(page, "mlflow_parent_run.png")
         page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}", wait_until="load")
-        page.get_by_text("tiny bs=1 ctx=8 cache=64 eager").first.wait_for(timeout=60_000)
+        page.get_by_text("bs=1 tiny ctx=8 cache=64 eager").first.wait_for(timeout=60_000)
         page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
         median = f"{child.data.metrics['step_ms_median']:.3f}"[:4]  # the UI rounds; its leading digits agree
         assert median in page.content()

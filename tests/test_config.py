@@ -167,7 +167,7 @@ def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys, le
     assert out[0] == "48 jobs (24 more excluded: mode=eager attn=sdpa-gqa; mode=eager attn=flex)"
     never = f"; {48 - ran} never ran here" if ran < 48 else ""
     assert len(by_hash) == ran and out[-1] == f"total: {expected:.1f} s for the {ran} jobs that ran before{never}"
-    twice = [line for line in out if line.endswith("qwen3-0.6b bs=32 ctx=4096 cache=4352 eager")]
+    twice = [line for line in out if line.endswith("bs=32 ctx=4096 eager qwen3-0.6b cache=4352")]
     assert len(twice) == 1 and "(median of 2 past runs)" in twice[0]
     assert sum("no past run" in line for line in out) == 48 - ran
 

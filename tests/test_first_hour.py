@@ -154,3 +154,92 @@ def test_an_output_folder_under_a_file_is_one_line_exit_2_and_no_stray_parent_ru
     assert out.out == "" and len(out.err.strip().splitlines()) == 1, out.err
     assert f"{tmp_path / 'notes.txt'} is a file, not a folder" in out.err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # no store (so no parent run), no folder
+
+
+def test_a_sweeps_run_names_lead_with_the_keys_it_varies():
+    from harness.config.labels import run_label
+    from harness.record import flatten
+
+    flat = flatten({"model": {"name": "tiny"}, "bs": 2, "context_len": 8, "cache_len": 64, "mode": "eager",
+                    "dtype": "fp32", "attn": "sdpa"})
+    names = [run_label({**flat, "bs": bs, "dtype": dtype}, ["bs", "dtype"]) for bs in (1, 2) for dtype in ("bf16", "fp32")]
+    assert names[0] == "bs=1 dtype=bf16 tiny ctx=8 cache=64 eager"
+    assert len({name[:25] for name in names}) == 4  # the table's first 25 characters tell the runs apart
+
+
+def test_a_rerun_of_a_sweep_keeps_the_key_its_runs_differ_in():
+    from harness.cli.rerun import rerun_config, varying_in
+    from harness.config.labels import run_label
+    from harness.record import flatten
+    from omegaconf import OmegaConf
+
+    logged = [OmegaConf.to_container(OmegaConf.structured(run_config(*FAST, f"dtype={d}")), enum_to_str=True)
+              for d in ("fp32", "bf16")]
+    configs = [rerun_config(c, []) for c in logged]
+    varying = varying_in(configs)
+    assert varying == ["dtype"]
+    names = [run_label(flatten(OmegaConf.to_container(c, enum_to_str=True)), varying) for c in configs]
+    assert names == ["dtype=fp32 tiny bs=1 ctx=8 cache=64 eager", "dtype=bf16 tiny bs=1 ctx=8 cache=64 eager"]
+
+
+def test_ab_arms_that_differ_in_dtype_are_named_apart():
+    """The A/B's result names each arm by the keys they differ in first (its arms were both `tiny bs=1 ... eager`)."""
+    import torch as _torch
+
+    from harness.analysis.ab import result_of
+    from harness.measure.ab import Arm
+    from harness.measure.timing import DecodeTiming
+
+    def timed(ms: float) -> DecodeTiming:
+        return DecodeTiming([ms, ms * 1.01, ms * 0.99], 3 * ms, "host", 1, _torch.zeros(3, 1, dtype=_torch.long))
+
+    a = Arm(run_config(*FAST, "dtype=fp32"), [timed(2.0), timed(2.0)])
+    b = Arm(run_config(*FAST, "dtype=bf16"), [timed(3.0), timed(3.0)])
+    result = result_of(a, b, {}, 0.03)
+    assert (result.arm_a, result.arm_b) == ("dtype=fp32 tiny bs=1 ctx=8 cache=64 eager",
+                                            "dtype=bf16 tiny bs=1 ctx=8 cache=64 eager")
+
+
+@pytest.mark.slow
+def test_harness_rerun_of_a_dtype_sweep_names_its_two_runs_apart(tmp_path, monkeypatch, torch_threads):
+    """`harness rerun PARENT` of a bs x dtype sweep gave two children of one name, one fp32 and one bf16."""
+    from harness.cli.main import main
+    from support import runs_by_kind, store
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["-m", *FAST, "device=cpu", "dtype=fp32,bf16"]) == 0
+    _, (sweep,), _ = runs_by_kind(store(tmp_path))
+    assert main(["rerun", sweep.info.run_id]) == 0
+    _, parents, children = runs_by_kind(store(tmp_path))
+    (rerun,) = [p for p in parents if p.data.tags["harness.kind"] == "rerun"]
+    names = sorted(c.info.run_name for c in children if c.data.tags.get("mlflow.parentRunId") == rerun.info.run_id)
+    assert names == ["dtype=bf16 tiny bs=1 ctx=8 cache=64 eager", "dtype=fp32 tiny bs=1 ctx=8 cache=64 eager"]
+
+
+def eager_only_records():
+    """Two finished eager runs of a bs sweep, as result files hold them."""
+    from harness.record import JobRecord
+
+    return [JobRecord(label=f"bs={bs} tiny ctx=8 cache=64 eager", config={"bs": bs, "mode": "eager", "context_len": 8,
+                      "cache_len": 64, "dtype": "fp32", "model": {"name": "tiny"}}, status="FINISHED", job_dir=f"/x/{bs}",
+                      metrics={"step_ms_median": 2.0 * bs, "verified": 1.0}, mlflow_run_id=f"run{bs}", varying=["bs"])
+            for bs in (1, 2)]
+
+
+def test_an_eager_only_sweeps_description_table_has_as_many_header_cells_as_delimiters():
+    from harness.analysis.headline import headline_markdown
+
+    lines = headline_markdown(eager_only_records(), conditions_first=False).splitlines()
+    header, delimiter, *rows = lines[:4]
+    cells = lambda line: line.strip().strip("|").split("|")  # noqa: E731
+    assert len(cells(header)) == len(cells(delimiter)) == len(cells(rows[0])) == 4, lines[:4]
+
+
+def test_an_eager_only_sweep_logs_no_speedup_of_eager_over_itself():
+    from harness.analysis.summary import child_speedups, parent_metrics
+
+    metrics = parent_metrics(eager_only_records())
+    assert not [k for k in metrics if k.startswith("speedup/")], metrics
+    assert {"median_ms/eager/bs1", "median_ms/eager/bs2"} <= metrics.keys()
+    assert child_speedups(eager_only_records()) == {}

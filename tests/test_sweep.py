@@ -19,7 +19,7 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
     assert proc.returncode == 0, proc.stderr
     assert "2 finished, 0 failed" in proc.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{workdir}/mlruns/mlflow.db" in proc.stdout
-    assert "job 1/2 tiny bs=1 ctx=8 cache=64 eager: decode" in proc.stderr  # progress goes to stderr
+    assert "job 1/2 bs=1 tiny ctx=8 cache=64 eager: decode" in proc.stderr  # progress goes to stderr
 
     client = store(workdir)
     exp, parents, children = runs_by_kind(client)
@@ -28,7 +28,7 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
-    assert sorted(c.info.run_name for c in children) == ["tiny bs=1 ctx=8 cache=64 eager", "tiny bs=2 ctx=8 cache=64 eager"]
+    assert sorted(c.info.run_name for c in children) == ["bs=1 tiny ctx=8 cache=64 eager", "bs=2 tiny ctx=8 cache=64 eager"]
     # the parent is MLflow's landing: per mode x bs medians and speedups, the plots, a link comparing the runs
     by_bs = {c.data.params["bs"]: c for c in children}
     assert parent.info.run_name == "bs=1,2 · " + " ".join(FAST) + " mode=eager"  # what it varied, then what it fixed
@@ -116,8 +116,8 @@ def test_a_sweeps_exclude_rules_leave_their_jobs_out_unrun_and_unrecorded(workdi
     lines = plan.stdout.splitlines()
     assert lines[0] == "5 jobs (1 more excluded: bs=2 dtype=bf16)"
     by_label = {line.split("  ")[-1].strip(): line for line in lines[1:6]}
-    ran = [f"tiny bs={bs} ctx=8 cache=64 eager dtype={dtype}" for bs, dtype in (("1", "fp32"), ("1", "bf16"), ("2", "fp32"))]
+    ran = [f"bs={bs} dtype={dtype} tiny ctx=8 cache=64 eager" for bs, dtype in (("1", "fp32"), ("1", "bf16"), ("2", "fp32"))]
     assert all("(median of 1 past run)" in by_label[label] for label in ran), plan.stdout
-    assert all("no past run" in by_label[f"tiny bs=3 ctx=8 cache=64 eager dtype={d}"] for d in ("fp32", "bf16"))
+    assert all("no past run" in by_label[f"bs=3 dtype={d} tiny ctx=8 cache=64 eager"] for d in ("fp32", "bf16"))
     assert lines[6].startswith("total: ") and lines[6].endswith(" s for the 3 jobs that ran before; 2 never ran here")
     assert float(lines[6].split()[1]) > 0

@@ -43,9 +43,8 @@ def headline_markdown(records: list[JobRecord], conditions_first: bool = True) -
     extra = [k for k in ("cache_len", "dtype") if len({r[k] for r in rows}) > 1]
     cells, shared = _cells(rows, lambda r: (r["model"], r["context_len"], *(r[k] for k in extra), r["bs"]))
     faster = [v for v in variants if v != "eager"]
-    lines = ["| model | context | " + "".join(f"{k} | " for k in extra) + "bs | "
-             + " | ".join(f"{v} ms/step" for v in variants) + " | " + " | ".join(f"{v} speedup" for v in faster) + " |",
-             "|---|" + "---:|" * (2 + len(extra) + len(variants) + len(faster))]
+    header = ["model", "context", *extra, "bs", *(f"{v} ms/step" for v in variants), *(f"{v} speedup" for v in faster)]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     speedup = speedups(rows)
     for key in sorted(cells, key=lambda k: tuple(x if isinstance(x, str) else (x or 0) for x in k)):
         by_variant = cells[key]

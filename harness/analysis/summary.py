@@ -31,6 +31,12 @@ def speedups(rows: list[Row]) -> dict[str, float]:
     return {i: e["median_ms"] / by_id[i]["median_ms"] for i, e in eager_twins(rows).items()}
 
 
+def own_speedups(rows: list[Row]) -> dict[str, float]:
+    """speedups() less each eager baseline's over itself (1 by definition, which a metric would present as found)."""
+    twins = eager_twins(rows)
+    return {i: s for i, s in speedups(rows).items() if twins[i]["id"] != i}
+
+
 def speedup_intervals(rows: list[Row]) -> dict[str, tuple[float, float]]:
     """id -> a conservative 95% interval of the speedup: the ends of eager's median interval over the
     opposite ends of this run's (rows with `ci_low` and `ci_high`)."""
@@ -60,7 +66,7 @@ def parent_metrics(records: list[JobRecord]) -> dict[str, float]:
     """What a sweep's parent run carries, so that MLflow's runs page charts it at first sight: per mode and
     variant x bs (and model and context where the sweep varies them), the median and the speedup over eager."""
     rows = [row_of(r) for r in records]
-    speedup = speedups(rows)
+    speedup = own_speedups(rows)
     varied = [k for k in ("model", "context_len") if len({r[k] for r in rows}) > 1]
     metrics = {"jobs_finished": float(sum(r["status"] == "FINISHED" for r in rows)),
                "jobs_failed": float(sum(not rec.ok for rec in records))}
@@ -76,7 +82,7 @@ def child_speedups(records: list[JobRecord]) -> dict[str, float]:
     """MLflow run id -> the run's speedup over the eager run of its config in the same sweep (rounded as printed),
     for the logged runs that have one: a metric MLflow's compare page can chart beside the median."""
     rows = [row_of(r) for r in records]
-    speedup = speedups(rows)
+    speedup = own_speedups(rows)
     return {r["mlflow_run_id"]: round(speedup[r["id"]], 3) for r in rows if r["id"] in speedup and r["mlflow_run_id"]}
 
 
