@@ -243,3 +243,34 @@ def test_an_eager_only_sweep_logs_no_speedup_of_eager_over_itself():
     assert not [k for k in metrics if k.startswith("speedup/")], metrics
     assert {"median_ms/eager/bs1", "median_ms/eager/bs2"} <= metrics.keys()
     assert child_speedups(eager_only_records()) == {}
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_leaves_no_status_file_and_names_the_resume_command(tmp_path, monkeypatch, capsys,
+                                                                                 torch_threads):
+    """Ctrl-C in a sweep: exit 130, the line says how to resume, and /tmp keeps no harness-sweep-PID.status."""
+    import signal
+    import threading
+
+    from harness.cli.main import main
+    from harness.cli.sweep_file import status_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    argv = ["-m", "model=tiny", "device=cpu", "warmup=2", "context_len=8", "decode_tokens=4000", "cache_len=4096",
+            "stop=repeats", "repeats=3", "bs=1,2"]
+
+    def interrupt_once_started():
+        for _ in range(1200):  # the sweep writes its status file as it starts
+            if status_path().is_file():
+                time.sleep(1.0)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    assert main(argv) == 130
+    assert not status_path().exists()
+    err = capsys.readouterr().err
+    assert f"[harness] interrupted; to run what is left, skipping the jobs that finished: python -m harness " \
+           f"{' '.join(argv)} resume=true" in err
