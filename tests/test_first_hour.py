@@ -274,3 +274,49 @@ def test_an_interrupted_sweep_leaves_no_status_file_and_names_the_resume_command
     err = capsys.readouterr().err
     assert f"[harness] interrupted; to run what is left, skipping the jobs that finished: python -m harness " \
            f"{' '.join(argv)} resume=true" in err
+
+
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """A temporary folder of this test's own as the process's, to see what a command leaves in it."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return tmp
+
+
+def written_sweep(folder, median: float):
+    """A sweep folder holding the result files of two finished eager runs."""
+    from harness.store import results
+
+    for record in eager_only_records():
+        record.step_ms = [record.metrics["step_ms_median"] * median * (1 + 0.001 * (i % 5)) for i in range(64)]
+        record.config_hash = f"config-bs{record.config['bs']}"
+        results.write(folder / str(record.config["bs"]), record)
+    return folder
+
+
+def test_report_and_compare_leave_no_harness_folder_in_tmp(tmp_path, monkeypatch, own_tmp):
+    from harness.cli import commands
+
+    monkeypatch.chdir(tmp_path)
+    base, cand = written_sweep(tmp_path / "base", 1.0), written_sweep(tmp_path / "cand", 1.0)
+    assert commands.main(["report", str(base)]) == 0
+    assert commands.main(["compare", str(base), str(cand)]) == 0
+    assert list(own_tmp.iterdir()) == []
+    assert (base / "report" / "summary.md").is_file()  # kept inside the sweep folder
+    assert len(list((tmp_path / "outputs" / "compares").glob("*/*/compare.md"))) == 1
+
+
+@pytest.mark.slow
+def test_ab_leaves_no_harness_folder_in_tmp(tmp_path, monkeypatch, own_tmp, torch_threads):
+    from harness.cli import commands
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert commands.main(["ab", "dtype=fp32", "dtype=bf16", *FAST, "device=cpu", "--pairs", "2"]) in (0, 1)
+    assert [p.name for p in own_tmp.iterdir() if p.name.startswith("harness-")] == []
+    assert len(list((tmp_path / "outputs" / "ab").glob("*/*/ab.md"))) == 1

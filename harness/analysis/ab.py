@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from harness.measure.stats import paired_ratio_interval
 from harness.modes.compiled import COMPILED_EARLIER
 from harness.progress import say
 from harness.record import flatten
-from harness.store import tracking
+from harness.store import results, tracking
 from harness.store.redact import redact
 
 
@@ -183,7 +182,7 @@ def run(uri: str, experiment: str, cfg_a: RunConfig, cfg_b: RunConfig, pairs: in
     result = result_of(arm_a, arm_b, environment, threshold, owners, fresh_compiles)
     text = markdown(result)
     print(text)
-    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-ab-"))
+    out_dir = out_dir or results.default_dir("ab", "ab")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ab.md").write_text(text)
     (out_dir / "ab.json").write_text(json.dumps({**asdict(result), "blocks_a_ms": [b.step_ms for b in arm_a.blocks],

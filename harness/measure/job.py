@@ -109,10 +109,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
                "block_steps": float(steps), "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
     metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
-    noise = [f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"] if is_noisy(metrics) else []
-    noise += _contention(cfg, load, metrics, stepper.tags)
-    if noise:
-        stepper.tags["noisy"] = "; ".join(noise)
+    _mark_noisy(cfg, load, metrics, stepper.tags)
     arch = _architecture(model)
     metrics["parameters"] = float(arch["parameters"])  # the model's size, an axis of the reports
     metrics.update(_speed_of_light(arch, cfg, steps, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
@@ -130,6 +127,14 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
     failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
+
+
+def _mark_noisy(cfg: RunConfig, load: LoadProbe, metrics: dict, tags: dict) -> None:
+    """The tag `noisy`, where the median's interval is wide or the job's threads had fewer cores than they needed."""
+    noise = [f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"] if is_noisy(metrics) else []
+    noise += _contention(cfg, load, metrics, tags)
+    if noise:
+        tags["noisy"] = "; ".join(noise)
 
 
 def _contention(cfg: RunConfig, load: LoadProbe, metrics: dict, tags: dict) -> list[str]:
