@@ -320,3 +320,17 @@ def test_ab_leaves_no_harness_folder_in_tmp(tmp_path, monkeypatch, own_tmp, torc
     assert commands.main(["ab", "dtype=fp32", "dtype=bf16", *FAST, "device=cpu", "--pairs", "2"]) in (0, 1)
     assert [p.name for p in own_tmp.iterdir() if p.name.startswith("harness-")] == []
     assert len(list((tmp_path / "outputs" / "ab").glob("*/*/ab.md"))) == 1
+
+
+def test_a_run_id_prefix_of_8_characters_names_the_run_where_it_is_unique(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from harness.store import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    runs = [c.create_run(c.create_experiment(name)).info.run_id for name in ("a", "b")]
+    assert tracking.get_run(uri, runs[1][:8]).info.run_id == runs[1]  # in any experiment
+    assert tracking.get_run(uri, runs[0][:12]).info.run_id == runs[0]
+    with pytest.raises(tracking.StoreError, match="no run"):
+        tracking.get_run(uri, runs[0][:7])  # shorter than 8: not taken as a prefix

@@ -193,13 +193,35 @@ class StoreError(RuntimeError):
     """The store lacks what was asked for."""
 
 
+ID_PREFIX = 8  # the shortest run id prefix taken for a whole id (as git takes a commit's), where it names one run
+
+
 def get_run(uri: str, run_id: str):
+    """A run by its id, or by the first ID_PREFIX or more characters of it where they name one run of the store."""
     try:
+        if ID_PREFIX <= len(run_id) < 32 and all(ch in "0123456789abcdef" for ch in run_id):
+            run_id = _whole_id(uri, run_id)
         return client(uri).get_run(run_id)
+    except StoreError:
+        raise
     except Exception as err:  # noqa: BLE001 - MLflow raises its own types per store
         if retry.is_transient(err):
             raise  # the store is unreachable, which says nothing of the run
         raise StoreError(f"no run {run_id!r} in {redact(uri)} ({type(err).__name__})") from err
+
+
+def _whole_id(uri: str, prefix: str) -> str:
+    """The one run id of the store (any experiment, deleted runs included) that starts with `prefix`."""
+    from mlflow.entities import ViewType
+
+    c = client(uri)
+    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    found = [r.info.run_id for r in c.search_runs(experiments, run_view_type=ViewType.ALL, max_results=50000)
+             if r.info.run_id.startswith(prefix)]
+    if len(found) > 1:
+        raise StoreError(f"run id {prefix!r} is the start of {len(found)} runs' ids in {redact(uri)} "
+                         f"({', '.join(sorted(f[:12] for f in found)[:4])}, ...): give more of it")
+    return found[0] if found else prefix  # none: get_run says so
 
 
 def run_exists(uri: str, run_id: str) -> bool:
