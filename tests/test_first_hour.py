@@ -334,3 +334,35 @@ def test_a_run_id_prefix_of_8_characters_names_the_run_where_it_is_unique(tmp_pa
     assert tracking.get_run(uri, runs[0][:12]).info.run_id == runs[0]
     with pytest.raises(tracking.StoreError, match="no run"):
         tracking.get_run(uri, runs[0][:7])  # shorter than 8: not taken as a prefix
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="marks what a machine without a CUDA GPU cannot run")
+def test_plan_on_a_cpu_marks_the_jobs_this_machine_cannot_run(capsys):
+    from harness.cli import commands
+
+    assert commands.main(["plan", "-m", "model=tiny", "mode=eager,graphed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    graphed = [line for line in out if "graphed" in line and "(no past run" in line]
+    eager = [line for line in out if "eager" in line and "(no past run" in line]
+    assert len(graphed) == len(eager) == 1
+    assert graphed[0].endswith("[cannot run here: mode=graphed needs a CUDA GPU, and torch sees none]")
+    assert "cannot run" not in eager[0]
+    assert "1 of 2 jobs cannot run on this machine (marked below): here they would be recorded FAILED" in out
+
+
+def test_every_source_path_a_config_file_names_exists():
+    """conf/config.yaml pointed to harness/config.py, which became harness/config/schema.py."""
+    import re
+
+    named = {(path.relative_to(REPO), ref) for path in (REPO / "conf").glob("**/*.yaml")
+             for ref in re.findall(r"\b((?:harness|docs|benchmarks|tests)/[\w./-]+\.(?:py|md))\b", path.read_text())}
+    assert named and [(str(path), ref) for path, ref in named if not (REPO / ref).is_file()] == []
+
+
+def test_git_ignores_no_tracked_file():
+    """.gitignore listed conf/config.yaml, which git tracks: an edit of it would be easy to lose."""
+    done = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=REPO,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"not a git checkout: {done.stderr.strip()[:100]}")
+    assert done.stdout.split() == []
