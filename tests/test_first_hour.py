@@ -366,3 +366,26 @@ def test_git_ignores_no_tracked_file():
     if done.returncode != 0:
         pytest.skip(f"not a git checkout: {done.stderr.strip()[:100]}")
     assert done.stdout.split() == []
+
+
+@pytest.mark.slow
+def test_a_resumed_sweeps_parent_shows_the_skipped_jobs_numbers_and_links_the_earlier_sweep(tmp_path, monkeypatch,
+                                                                                             torch_threads):
+    """After an interrupted sweep, `resume=true` skipped the finished jobs, and its parent's table left them out
+    ("Not in the table (SKIPPED)"): the results were split over two parents, unlinked."""
+    from harness.cli.main import main
+    from support import runs_by_kind, store
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["-m", *FAST, "device=cpu", "bs=1"]) == 0
+    _, (first,), (done,) = runs_by_kind(store(tmp_path))
+    assert main(["-m", *FAST, "device=cpu", "bs=1,2", "resume=true"]) == 0
+    _, parents, _ = runs_by_kind(store(tmp_path))
+    (resumed,) = [p for p in parents if p.info.run_id != first.info.run_id]
+    table = resumed.data.tags["mlflow.note.content"]
+    assert "SKIPPED" not in table
+    rows = [line for line in table.splitlines() if line.startswith("| tiny | 8 |")]
+    assert len(rows) == 2 and f"{done.data.metrics['step_ms_median']:.3f}" in rows[0]
+    assert resumed.data.tags["harness.resumes"] == first.info.run_id
+    assert store(tmp_path).get_run(first.info.run_id).data.tags["harness.resumed_by"] == resumed.info.run_id

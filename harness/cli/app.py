@@ -116,6 +116,37 @@ def sweep_name(task_overrides: list[str], preset_params: dict) -> str:
     return redact(name)[:240] or "sweep of the defaults"
 
 
+def with_stand_ins(uri: str, parent: str | None, records: list[JobRecord]) -> list[JobRecord]:
+    """A resumed sweep's records, each job that resume skipped replaced by the finished run that stood in for it
+    (read back from the store), so that its tables show every job's numbers; the parent is tagged with the sweeps
+    those runs came from (`harness.resumes`), and each of them with this one (`harness.resumed_by`)."""
+    out, earlier = [], set()
+    for record in records:
+        twin = record.tags.get("resumed_from") if record.status == "SKIPPED" else None
+        if twin is None:
+            out.append(record)
+            continue
+        try:
+            stand_in = tracking.load_result(uri, twin)
+            earlier.add(tracking.get_run(uri, twin).data.tags.get("mlflow.parentRunId"))
+        except Exception as err:  # noqa: BLE001 - the SKIPPED record stays, and says why
+            say(f"warning: could not read the run {twin} that stood in for {record.label} ({type(err).__name__})")
+            out.append(record)
+            continue
+        stand_in.label, stand_in.varying = record.label, record.varying  # named as this sweep names its runs
+        out.append(stand_in)
+    earlier.discard(None)
+    if parent and earlier:
+        try:
+            c = tracking.client(uri)
+            c.set_tag(parent, "harness.resumes", ",".join(sorted(earlier)))
+            for old in earlier:
+                c.set_tag(old, "harness.resumed_by", parent)
+        except Exception as err:  # noqa: BLE001 - a link is a convenience
+            say(f"warning: could not link the resumed sweep's runs ({type(err).__name__})")
+    return out
+
+
 REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
 
 
@@ -152,6 +183,7 @@ class SweepCallback(Callback):
         sweep = read_sweep_file(sweep_dir)
         uri = tracking.resolve_uri(config.tracking.uri)
         records = results.read_all(sweep_dir, on_error=lambda err: say(f"warning: {err}"))
+        records = with_stand_ins(uri, sweep.get("parent_run_id"), records)
         summarize(records, f"sweep {sweep_dir}", uri, wall_s=time.time() - sweep["started"])
         update_sweep_file(sweep_dir, exit_status=exit_code(records))
         set_status(exit_code(records))
