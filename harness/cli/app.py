@@ -183,10 +183,11 @@ class SweepCallback(Callback):
         sweep = read_sweep_file(sweep_dir)
         uri = tracking.resolve_uri(config.tracking.uri)
         records = results.read_all(sweep_dir, on_error=lambda err: say(f"warning: {err}"))
-        records = with_stand_ins(uri, sweep.get("parent_run_id"), records)
         summarize(records, f"sweep {sweep_dir}", uri, wall_s=time.time() - sweep["started"])
         update_sweep_file(sweep_dir, exit_status=exit_code(records))
         set_status(exit_code(records))
-        land(uri, sweep.get("parent_run_id"), config.tracking.experiment, records, sweep_dir)
+        # the parent's table and figures show every job's numbers, a skipped one's from the run that stood in for it
+        land(uri, sweep.get("parent_run_id"), config.tracking.experiment,
+             with_stand_ins(uri, sweep.get("parent_run_id"), records), sweep_dir)
         close_parent(uri, sweep.get("parent_run_id"), "FAILED" if exit_code(records) else "FINISHED",
                      failure_summary(records))
