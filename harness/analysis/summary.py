@@ -72,7 +72,7 @@ def parent_metrics(records: list[JobRecord]) -> dict[str, float]:
                "jobs_failed": float(sum(not rec.ok for rec in records))}
     for r in (r for r in rows if r["status"] == "FINISHED" and r["median_ms"]):
         name = "/".join([r["variant"].replace(" ", "_").replace("=", ""), *(f"{k}{r[k]}" for k in varied), f"bs{r['bs']}"])
-        metrics[f"median_ms/{name}"] = round(r["median_ms"], 3)  # as the tables print them (MLflow shows all digits)
+        metrics[f"median_ms/{name}"] = float(f"{r['median_ms']:.4g}")  # as known (MLflow shows all digits)
         if r["id"] in speedup:
             metrics[f"speedup/{name}"] = round(speedup[r["id"]], 3)
     return metrics

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.cli.sweep_file import read_sweep_file, set_status, update_sweep_file
 from harness.store import results, tracking
-from harness.config.labels import run_label
+from harness.config.labels import run_label, shown_key
 from harness.progress import say
 from harness.record import JobRecord, exit_code, failure_summary, flatten
 from harness.store.redact import redact, redact_files
@@ -94,8 +94,11 @@ def land(uri: str, parent: str | None, experiment: str, records: list[JobRecord]
         for path in report.from_records(records, f"sweep {sweep_dir.name}", sweep_dir / "report"):
             c.log_artifact(parent, str(path))  # at the top: the artifacts tab opens on them, not on a folder
         if ids := [r.mlflow_run_id for r in records if r.mlflow_run_id and r.status == "FINISHED"]:
+            print(f"This sweep's results table: {tracking.run_url(uri, experiment, parent)}")
             print(f"Compare this sweep's runs: {tracking.compare_url(uri, experiment, ids)}")
-            print(f"Every run, fastest first: {tracking.runs_table_url(uri, experiment)}")
+            varying = next((r.varying for r in records if r.varying), [])
+            view = tracking.share_sweep_view(uri, experiment, parent, [shown_key(k) for k in varying])
+            print(f"Every run, fastest first: {tracking.runs_table_url(uri, experiment, view)}")
     except Exception as err:  # noqa: BLE001 - the landing is a convenience; the runs are logged already
         say(f"warning: could not log the sweep's figures on its parent run ({type(err).__name__}: {redact(str(err))[:200]})")
 
