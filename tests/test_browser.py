@@ -62,15 +62,21 @@ def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
         assert parent.info.run_name.startswith("bs=1,2 · model=tiny ")  # what it varied, then fixed
         assert "tracking" not in parent.info.run_name  # where it is stored is not what it measures
         page.get_by_text(parent.info.run_name, exact=True).first.wait_for(timeout=60_000)
-        page.get_by_text("speedup_vs_eager").first.wait_for(timeout=60_000)
+        page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
         assert "/runs?" in page.url and "No data available" not in page.inner_text("body")  # not the GenAI overview
         fastest = min(children, key=lambda c: c.data.metrics["step_ms_median"]).info.run_name
         body = page.inner_text("body")
         assert body.index(fastest) < body.index(parent.info.run_name)  # jobs flat, fastest first; parent below
+        # the median, then the sweep's varied key, then mode and dtype, on screen at 1920 wide without scrolling
+        names = ("step_ms_median", "bs", "mode", "dtype")
+        headers = {name: page.get_by_text(name, exact=True).first.bounding_box() for name in names}
+        assert all(box and box["x"] + box["width"] <= 1920 for box in headers.values()), headers
+        assert headers["step_ms_median"]["x"] == min(box["x"] for box in headers.values())  # (params: A-Z in MLflow)
         _screenshot(page, "mlflow_runs_table.png")
-        # a parent's page opens on its description, the results table: every median above the fold
-        page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning",
-                  wait_until="load")
+        # the link the sweep printed opens its parent's page, on its description (the results table), in the
+        # model-training view: every median above the fold
+        page.goto(_printed(served_sweep.sweep.stdout, "This sweep's results table: "), wait_until="load")
+        assert "workflowType=machine_learning" in page.url
         page.get_by_text("runs passed verification").first.wait_for(timeout=60_000)  # the description is in
         page.wait_for_timeout(1000)  # and the page has settled around it
         for c in children:
@@ -80,7 +86,7 @@ def test_the_sweep_shows_in_the_mlflow_ui(served_sweep):
             assert any(b and b["y"] + b["height"] <= 1080 for b in boxes), boxes  # one needs no scrolling
         _screenshot(page, "mlflow_parent_run.png")
         page.goto(f"{server}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}", wait_until="load")
-        page.get_by_text("tiny bs=1 ctx=8 cache=64 eager").first.wait_for(timeout=60_000)
+        page.get_by_text("bs=1 tiny ctx=8 cache=64 eager").first.wait_for(timeout=60_000)
         page.get_by_text("step_ms_median").first.wait_for(timeout=60_000)
         median = f"{child.data.metrics['step_ms_median']:.3f}"[:4]  # the UI rounds; its leading digits agree
         assert median in page.content()

@@ -65,12 +65,12 @@ def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_paren
     assert cli.main(["compare", str(base_dir), cand_parent.info.run_id, "--out", str(out)]) == 1
     printed = capsys.readouterr().out
     slower = next(line for line in printed.splitlines() if "runs slower beyond 3%: " in line)
-    assert "tiny bs=2 ctx=8 cache=64 eager" in slower  # (bs=1 may be named too: this CPU is shared and noisy)
+    assert "bs=2 tiny ctx=8 cache=64 eager" in slower  # (bs=1 may be named too: this CPU is shared and noisy)
     pairs = {p["label"]: p for p in json.loads((out / "compare.json").read_text())["pairs"]}
-    assert pairs["tiny bs=2 ctx=8 cache=64 eager"]["verdict"] == "slower"
+    assert pairs["bs=2 tiny ctx=8 cache=64 eager"]["verdict"] == "slower"
     # bs=1 not slowed: the fault's 20 ms a step is about 10x tiny's step, so bs=2's ratio stands far above bs=1's,
     # which a busy shared CPU can move by 2-3x but not to bs=2's (a fault in every job would put both alike)
-    assert pairs["tiny bs=1 ctx=8 cache=64 eager"]["ratio"] < pairs["tiny bs=2 ctx=8 cache=64 eager"]["ratio"] / 2
+    assert pairs["bs=1 tiny ctx=8 cache=64 eager"]["ratio"] < pairs["bs=2 tiny ctx=8 cache=64 eager"]["ratio"] / 2
     logged = {a.path for a in store(workdir).list_artifacts(cand_parent.info.run_id, "compare")}
     assert logged == {"compare/compare.md", "compare/compare.json", "compare/compare.png"}
     exported = workdir / "sweep.csv"
@@ -81,7 +81,7 @@ def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_paren
     assert cli.main(["report", str(workdir / "sweeps"), "--out", str(workdir / "both")]) == 0  # no store needed
     summary = (workdir / "both" / "summary.md").read_text()
     assert summary.count("| tiny | 8 | 64 | 2 |") == 1 and (workdir / "both" / "latency_vs_bs.png").is_file()
-    assert summary.count("- ran again later, not in the table: tiny bs=") == 2  # the first sweep's, listed
+    assert summary.count("- ran again later, not in the table: bs=") == 2  # the first sweep's, listed
 
 
 def test_a_config_run_twice_pairs_once_and_the_others_are_listed():

@@ -17,8 +17,8 @@ def test_the_keys_a_sweep_varies_are_named_in_every_label():
     jobs = [["model=tiny", "dtype=bf16", "bs=1"], ["model=tiny", "dtype=fp32", "bs=1"], ["model=tiny", "dtype=fp32", "bs=2"]]
     assert varying_keys(jobs) == ["bs", "dtype"]
     assert varying_keys([["+inductor.a=1", "model=x"], ["+inductor.a=2", "model=y"]]) == ["inductor.a", "model.name"]
-    assert run_label(FLAT, ["bs", "dtype"]) == "tiny bs=1 ctx=8 cache=64 eager dtype=fp32"  # bs is shown already
-    assert run_label(FLAT, ["dtype", "seed"]) == "tiny bs=1 ctx=8 cache=64 eager dtype=fp32 seed=3"
+    assert run_label(FLAT, ["bs", "dtype"]) == "bs=1 dtype=fp32 tiny ctx=8 cache=64 eager"  # the varying keys lead
+    assert run_label(FLAT, ["dtype", "seed"]) == "dtype=fp32 seed=3 tiny bs=1 ctx=8 cache=64 eager"
     assert run_label(FLAT) == "tiny bs=1 ctx=8 cache=64 eager"
 
 
@@ -38,10 +38,10 @@ def test_a_report_cell_never_hides_a_second_run():
 def test_a_sweep_over_dtype_keeps_two_runs_everywhere(workdir):
     proc = run_harness("-m", *FAST, "device=cpu", "dtype=bf16,fp32", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "tiny bs=1 ctx=8 cache=64 eager dtype=bf16" in proc.stdout and "eager dtype=fp32" in proc.stdout
+    assert "dtype=bf16 tiny bs=1 ctx=8 cache=64 eager" in proc.stdout and "dtype=fp32 tiny" in proc.stdout
     _, (parent,), children = runs_by_kind(store(workdir))
-    assert sorted(c.info.run_name for c in children) == ["tiny bs=1 ctx=8 cache=64 eager dtype=bf16",
-                                                         "tiny bs=1 ctx=8 cache=64 eager dtype=fp32"]
+    assert sorted(c.info.run_name for c in children) == ["dtype=bf16 tiny bs=1 ctx=8 cache=64 eager",
+                                                         "dtype=fp32 tiny bs=1 ctx=8 cache=64 eager"]
     medians = {k: v for k, v in parent.data.metrics.items() if k.startswith("median_ms/")}
     assert set(medians) == {"median_ms/eager_dtypebf16/bs1", "median_ms/eager_dtypefp32/bs1"}
     report = run_harness("report", "--out", str(workdir / "report"), cwd=workdir)

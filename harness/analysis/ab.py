@@ -11,19 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from harness.config.labels import run_label
 from harness.config.schema import RunConfig, identity
 from harness.measure.ab import Arm, time_arms_in_processes
 from harness.measure.stats import paired_ratio_interval
 from harness.modes.compiled import COMPILED_EARLIER
 from harness.progress import say
 from harness.record import flatten
-from harness.store import tracking
+from harness.store import results, tracking
 from harness.store.redact import redact
 
 
@@ -73,6 +73,12 @@ def differing_keys(cfg_a: RunConfig, cfg_b: RunConfig) -> dict[str, list]:
             if a.get(k) != b.get(k)}
 
 
+def arm_label(cfg: RunConfig, differs: dict) -> str:
+    """An arm's run name, led by the keys the arms differ in (`dtype=fp32 tiny bs=1 ...`), as a sweep's runs are."""
+    # a model's architecture keys differ with its name: the name says them
+    return run_label(flatten(_plain(cfg)), [k for k in differs if k == "model.name" or not k.startswith("model.")])
+
+
 def _plain(cfg: RunConfig) -> dict:
     """The config as the plain data a record holds (enums as their values)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=lambda v: getattr(v, "value", str(v))))
@@ -114,7 +120,8 @@ def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owner
     ambiguous = decided == "ambiguous"
     more_pairs = pairs_to_decide(ratio, low, high, threshold, len(blocks_a)) if ambiguous and processes == 1 else None
     more_processes = pairs_to_decide(ratio, low, high, threshold, processes) if ambiguous and processes > 1 else None
-    return AbResult(arm_a.cfg.label, arm_b.cfg.label, differing_keys(arm_a.cfg, arm_b.cfg),
+    differs = differing_keys(arm_a.cfg, arm_b.cfg)
+    return AbResult(arm_label(arm_a.cfg, differs), arm_label(arm_b.cfg, differs), differs,
                     float(np.median(np.concatenate(blocks_a))), float(np.median(np.concatenate(blocks_b))),
                     ratio, low, high, threshold, decided, len(blocks_a), environment,
                     block_spread_pct(blocks_a), block_spread_pct(blocks_b), more_pairs, processes,
@@ -175,7 +182,7 @@ def run(uri: str, experiment: str, cfg_a: RunConfig, cfg_b: RunConfig, pairs: in
     result = result_of(arm_a, arm_b, environment, threshold, owners, fresh_compiles)
     text = markdown(result)
     print(text)
-    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-ab-"))
+    out_dir = out_dir or results.default_dir("ab", "ab")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ab.md").write_text(text)
     (out_dir / "ab.json").write_text(json.dumps({**asdict(result), "blocks_a_ms": [b.step_ms for b in arm_a.blocks],

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -185,10 +184,10 @@ def parse_threshold(text: str) -> float:
 
 
 def run(uri: str, baseline: str, candidate: str, ignore: list[str], threshold: float, out_dir: Path | None) -> int:
-    """Print the comparison, write and log its files (in a temporary folder unless told, made only once both sides
+    """Print the comparison, write and log its files (under ./outputs/compares/ unless told, made once both sides
     are read); 1 when any pair is slower beyond the threshold."""
     base, cand = load_side(uri, baseline), load_side(uri, candidate)
-    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="harness-compare-"))
+    out_dir = out_dir or results.default_dir("compares", cand.parent_run_id or Path(candidate).name)
     pairs, unmatched = compare(base.records, cand.records, ignore, threshold)
     env, prints = environment_diff(base.records, cand.records, ignore), fingerprint_diff(base.records, cand.records)
     text = as_markdown(base, cand, pairs, unmatched, env, threshold, prints)

@@ -3,7 +3,6 @@ artifacts of the sweep's parent run so that they show in the MLflow UI."""
 from __future__ import annotations
 
 import re
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -213,10 +212,13 @@ def _save(fig, path: Path) -> Path:
 
 
 def build(uri: str, parent_id: str | None, experiment: str, out_dir: Path | None) -> tuple[str, list[Path], str]:
-    """Write summary.md and the plots into out_dir (a temporary folder unless told) and log them on the parent
+    """Write summary.md and the plots into out_dir (unless told, the sweep folder's report/ where it is here, else a
+    folder under ./outputs/reports/) and log them on the parent
     run; returns the summary's text, the files written (summary.md first) and the parent's id."""
     parent, rows = load(uri, parent_id, experiment)
-    out_dir = out_dir or default_dir()
+    sweep_dir = Path(parent.data.tags.get("sweep_dir") or "/nonexistent")
+    out_dir = out_dir or (sweep_dir / "report" if sweep_dir.is_dir()
+                          else results.default_dir("reports", parent.info.run_id))
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = [r for r in rows if r["status"] != "FINISHED"]
     summary = [f"# Sweep {parent.info.run_name} ({parent.info.run_id})", "",
@@ -247,7 +249,7 @@ def from_folder(folder: Path, out_dir: Path | None) -> list[Path]:
     why = {"SKIPPED": "skipped by resume", "KILLED": "interrupted before it measured"}
     notes = [f"- {why.get(r.status, 'ran again later')}, not in the table: "
              f"{r.label} {r.status} ({r.job_dir or '?'})" for r in records if id(r) not in kept]
-    return from_records(latest, f"results under {folder}", out_dir or default_dir(), notes)
+    return from_records(latest, f"results under {folder}", out_dir or folder / "report", notes)
 
 
 def latest_of_each_config(folder: Path) -> tuple[list[JobRecord], list[JobRecord]]:
@@ -256,7 +258,3 @@ def latest_of_each_config(folder: Path) -> tuple[list[JobRecord], list[JobRecord
     config that measured (a second sweep cut by its time limit would otherwise hide the first sweep's result)."""
     records = sorted(results.read_folder(folder), key=lambda r: (r.status not in ("SKIPPED", "KILLED"), r.started))
     return records, list({r.config_hash or r.result_id: r for r in records}.values())
-
-
-def default_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="harness-report-"))

@@ -31,6 +31,12 @@ def speedups(rows: list[Row]) -> dict[str, float]:
     return {i: e["median_ms"] / by_id[i]["median_ms"] for i, e in eager_twins(rows).items()}
 
 
+def own_speedups(rows: list[Row]) -> dict[str, float]:
+    """speedups() less each eager baseline's over itself (1 by definition, which a metric would present as found)."""
+    twins = eager_twins(rows)
+    return {i: s for i, s in speedups(rows).items() if twins[i]["id"] != i}
+
+
 def speedup_intervals(rows: list[Row]) -> dict[str, tuple[float, float]]:
     """id -> a conservative 95% interval of the speedup: the ends of eager's median interval over the
     opposite ends of this run's (rows with `ci_low` and `ci_high`)."""
@@ -60,13 +66,13 @@ def parent_metrics(records: list[JobRecord]) -> dict[str, float]:
     """What a sweep's parent run carries, so that MLflow's runs page charts it at first sight: per mode and
     variant x bs (and model and context where the sweep varies them), the median and the speedup over eager."""
     rows = [row_of(r) for r in records]
-    speedup = speedups(rows)
+    speedup = own_speedups(rows)
     varied = [k for k in ("model", "context_len") if len({r[k] for r in rows}) > 1]
     metrics = {"jobs_finished": float(sum(r["status"] == "FINISHED" for r in rows)),
                "jobs_failed": float(sum(not rec.ok for rec in records))}
     for r in (r for r in rows if r["status"] == "FINISHED" and r["median_ms"]):
         name = "/".join([r["variant"].replace(" ", "_").replace("=", ""), *(f"{k}{r[k]}" for k in varied), f"bs{r['bs']}"])
-        metrics[f"median_ms/{name}"] = round(r["median_ms"], 3)  # as the tables print them (MLflow shows all digits)
+        metrics[f"median_ms/{name}"] = float(f"{r['median_ms']:.4g}")  # as known (MLflow shows all digits)
         if r["id"] in speedup:
             metrics[f"speedup/{name}"] = round(speedup[r["id"]], 3)
     return metrics
@@ -76,7 +82,7 @@ def child_speedups(records: list[JobRecord]) -> dict[str, float]:
     """MLflow run id -> the run's speedup over the eager run of its config in the same sweep (rounded as printed),
     for the logged runs that have one: a metric MLflow's compare page can chart beside the median."""
     rows = [row_of(r) for r in records]
-    speedup = speedups(rows)
+    speedup = own_speedups(rows)
     return {r["mlflow_run_id"]: round(speedup[r["id"]], 3) for r in rows if r["id"] in speedup and r["mlflow_run_id"]}
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.cli.sweep_file import read_sweep_file, set_status, update_sweep_file
 from harness.store import results, tracking
-from harness.config.labels import run_label
+from harness.config.labels import run_label, shown_key
 from harness.progress import say
 from harness.record import JobRecord, exit_code, failure_summary, flatten
 from harness.store.redact import redact, redact_files
@@ -94,8 +94,11 @@ def land(uri: str, parent: str | None, experiment: str, records: list[JobRecord]
         for path in report.from_records(records, f"sweep {sweep_dir.name}", sweep_dir / "report"):
             c.log_artifact(parent, str(path))  # at the top: the artifacts tab opens on them, not on a folder
         if ids := [r.mlflow_run_id for r in records if r.mlflow_run_id and r.status == "FINISHED"]:
+            print(f"This sweep's results table: {tracking.run_url(uri, experiment, parent)}")
             print(f"Compare this sweep's runs: {tracking.compare_url(uri, experiment, ids)}")
-            print(f"Every run, fastest first: {tracking.runs_table_url(uri, experiment)}")
+            varying = next((r.varying for r in records if r.varying), [])
+            view = tracking.share_sweep_view(uri, experiment, parent, [shown_key(k) for k in varying])
+            print(f"Every run, fastest first: {tracking.runs_table_url(uri, experiment, view)}")
     except Exception as err:  # noqa: BLE001 - the landing is a convenience; the runs are logged already
         say(f"warning: could not log the sweep's figures on its parent run ({type(err).__name__}: {redact(str(err))[:200]})")
 
@@ -114,6 +117,37 @@ def sweep_name(task_overrides: list[str], preset_params: dict) -> str:
     fixed = [o for o in typed if o not in swept]
     name = " · ".join(part for part in (" × ".join(swept), " ".join(fixed)) if part)
     return redact(name)[:240] or "sweep of the defaults"
+
+
+def with_stand_ins(uri: str, parent: str | None, records: list[JobRecord]) -> list[JobRecord]:
+    """A resumed sweep's records, each job that resume skipped replaced by the finished run that stood in for it
+    (read back from the store), so that its tables show every job's numbers; the parent is tagged with the sweeps
+    those runs came from (`harness.resumes`), and each of them with this one (`harness.resumed_by`)."""
+    out, earlier = [], set()
+    for record in records:
+        twin = record.tags.get("resumed_from") if record.status == "SKIPPED" else None
+        if twin is None:
+            out.append(record)
+            continue
+        try:
+            stand_in = tracking.load_result(uri, twin)
+            earlier.add(tracking.get_run(uri, twin).data.tags.get("mlflow.parentRunId"))
+        except Exception as err:  # noqa: BLE001 - the SKIPPED record stays, and says why
+            say(f"warning: could not read the run {twin} that stood in for {record.label} ({type(err).__name__})")
+            out.append(record)
+            continue
+        stand_in.label, stand_in.varying = record.label, record.varying  # named as this sweep names its runs
+        out.append(stand_in)
+    earlier.discard(None)
+    if parent and earlier:
+        try:
+            c = tracking.client(uri)
+            c.set_tag(parent, "harness.resumes", ",".join(sorted(earlier)))
+            for old in earlier:
+                c.set_tag(old, "harness.resumed_by", parent)
+        except Exception as err:  # noqa: BLE001 - a link is a convenience
+            say(f"warning: could not link the resumed sweep's runs ({type(err).__name__})")
+    return out
 
 
 REMOTE_LAUNCHERS = ("SlurmLauncher",)  # launchers whose jobs run on other hosts
@@ -155,6 +189,8 @@ class SweepCallback(Callback):
         summarize(records, f"sweep {sweep_dir}", uri, wall_s=time.time() - sweep["started"])
         update_sweep_file(sweep_dir, exit_status=exit_code(records))
         set_status(exit_code(records))
-        land(uri, sweep.get("parent_run_id"), config.tracking.experiment, records, sweep_dir)
+        # the parent's table and figures show every job's numbers, a skipped one's from the run that stood in for it
+        land(uri, sweep.get("parent_run_id"), config.tracking.experiment,
+             with_stand_ins(uri, sweep.get("parent_run_id"), records), sweep_dir)
         close_parent(uri, sweep.get("parent_run_id"), "FAILED" if exit_code(records) else "FINISHED",
                      failure_summary(records))

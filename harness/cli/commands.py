@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(or of every result under an outputs/ folder, several sweeps' included)")
     p.add_argument("sweep_run_id", nargs="?", default=None, help="a parent run id or a folder (default: the newest sweep)")
     p.add_argument("--experiment", default="harness")
-    p.add_argument("--out", type=Path, default=None, help="where to write the files (default: a temp folder)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where to write the files (default: the sweep folder's report/, else outputs/reports/)")
     p.add_argument("--headline", action="store_true", help="print only the results table the README opens with "
                    "(each mode's median and speedup, the runs' shared conditions above it) and write nothing")
     p = sub.add_parser("compare", parents=[store], help="two sweeps (runs, outputs/ folders) matched by config: "
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("candidate")
     p.add_argument("--ignore", action="append", default=[], metavar="KEY", help="a config key to match across")
     p.add_argument("--threshold", default="3%", help="a change smaller than this is `same` (default: 3%%)")
-    p.add_argument("--out", type=Path, default=None, help="where to write compare.md/.json/.png (default: a temp folder)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where to write compare.md/.json/.png (default: a folder under outputs/compares/)")
     _add_ab(sub, store)
     p = sub.add_parser("export", parents=[store], help="a sweep (run, outputs/ folder) as CSV or JSON, one row per run")
     p.add_argument("run_id")
@@ -102,7 +104,7 @@ def _add_ab(sub, store) -> None:
                    "its own (deleted after): Inductor autotunes again in each, so that the interval covers what its "
                    "picks change, as across machines that each compiled the config")
     p.add_argument("--experiment", default="harness")
-    p.add_argument("--out", type=Path, default=None, help="where to write ab.md and ab.json (default: a temp folder)")
+    p.add_argument("--out", type=Path, default=None, help="where to write ab.md and ab.json (default: a folder under outputs/ab/)")
 
 
 def main(argv: list[str]) -> int:

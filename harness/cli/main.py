@@ -127,11 +127,24 @@ def run_hydra(argv: list[str]) -> int:
     try:
         task()
     except KeyboardInterrupt:
-        print("[harness] interrupted", file=sys.stderr)
+        take_status()  # the interrupted sweep's status file: 130 says how it ended
+        print(f"[harness] interrupted; to run what is left, skipping the jobs that finished: {resume_command(argv)}",
+              file=sys.stderr)
         return 130
+    except BaseException:
+        take_status()  # Hydra's own exit (SystemExit) or a crash: the status file is no one's now
+        raise
     if any(a.split("=", 1)[0] in SHOW_FLAGS for a in argv):
         return 0  # Hydra showed what was asked (it exits non-zero itself where it could not)
     return exit_status(finished)
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line again with resume=true: the jobs whose config already FINISHED in the store are skipped."""
+    import shlex
+
+    kept = [a for a in argv if not a.lstrip("+").startswith("resume=")]
+    return " ".join(["python -m harness", *map(shlex.quote, kept), "resume=true"])
 
 
 def exit_status(finished: list) -> int:

@@ -58,6 +58,21 @@ def identity_of(cfg, varying=()) -> tuple[str, str]:
     return label, config_hash(config)
 
 
+def not_here(cfg) -> str | None:
+    """Why this machine cannot run a composed job (a mode that needs a CUDA GPU, or device=cuda, where torch sees
+    none), or None."""
+    import torch
+
+    from harness.modes import spec
+
+    run = to_run_config(cfg)
+    if run.device.startswith("cuda") and not torch.cuda.is_available():
+        return f"device={run.device}, and torch sees no CUDA GPU"
+    if spec(run.mode).mode_class().needs_cuda and not torch.cuda.is_available() and run.device != "cuda":
+        return f"mode={run.mode} needs a CUDA GPU, and torch sees none"
+    return None
+
+
 def past_seconds(uri: str, experiment: str, hashes: set[str]) -> dict[str, list[float]]:
     """config hash -> the wall seconds of each FINISHED run of it in the store (the sum of its phases)."""
     from harness.store import tracking
@@ -98,6 +113,7 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
     kept = [(job, cfg) for job, cfg in ((job, composed(job)) for job in jobs) if excluding_rule(cfg, rules) is None]
     varying = varying_keys([job for job, _ in kept])  # over the jobs a sweep records, as the sweeper counts them
     rows = [(" ".join(job), *identity_of(cfg, varying)) for job, cfg in kept]
+    cannot = [not_here(cfg) for _, cfg in kept]
     hashes = {h for *_, h in rows}
     past = past_seconds(uri, experiment, hashes) if uri else {}
     for h, seconds in past_seconds_in_files(list(past_folders), hashes).items():
@@ -106,6 +122,9 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
     left_out = len(jobs) - len(rows)
     excluded = f" ({left_out} more excluded: {'; '.join(describe(r) for r in rules)})" if left_out else ""
     print(f"{len(rows)} jobs{excluded}" + ("" if uri or past_folders else " (no store here: no past runs to estimate from)"))
+    if any(cannot):
+        print(f"{sum(map(bool, cannot))} of {len(rows)} jobs cannot run on this machine (marked below): here they "
+              "would be recorded FAILED")
     for i, (_, label, h) in enumerate(rows):
         seconds = past.get(h)
         if seconds:
@@ -113,7 +132,7 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
             estimate = f"{estimates[-1]:8.1f} s  (median of {len(seconds)} past run{'s' * (len(seconds) > 1)})"
         else:
             estimate = "       ?    (no past run of this config)"
-        print(f"{i:>3}  {estimate}  {label}")
+        print(f"{i:>3}  {estimate}  {label}" + (f"  [cannot run here: {cannot[i]}]" if cannot[i] else ""))
     unknown = len(rows) - len(estimates)
     print(f"total: {sum(estimates):.1f} s for the {len(estimates)} jobs that ran before"
           + (f"; {unknown} never ran here" if unknown else ""))

@@ -11,7 +11,9 @@ import shutil
 import subprocess
 from urllib.parse import parse_qsl, urlparse
 
-from harness.config.schema import CONF_DIR, ConfigError, RunConfig
+from omegaconf import OmegaConf
+
+from harness.config.schema import CONF_DIR, GROUPS, ConfigError, RunConfig
 from harness.store.redact import _SECRET_QUERY, redact
 
 STORE_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
@@ -88,18 +90,95 @@ def check_saved_steps_budget() -> None:
         raise ConfigError(str(err)) from err
 
 
+def output_dir(overrides: list[str], multirun: bool) -> tuple[str, str]:
+    """The key that names the folder Hydra will create for this command (hydra.sweep.dir for a sweep, else
+    hydra.run.dir) and its value: the command line's, else conf/config.yaml's."""
+    from pathlib import Path
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == key]
+    if given:
+        return key, given[-1]
+    hydra = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "config.yaml"), resolve=False)["hydra"]
+    return key, str(hydra[key.split(".")[1]]["dir"])  # as written: Hydra fills its interpolations in
+
+
+def check_output_dir(overrides: list[str], multirun: bool) -> None:
+    """The folder Hydra will create must be one this user can create: its nearest existing parent (up to the first
+    interpolation, `${now:...}`, which Hydra fills in) must be a folder it may write in."""
+    from pathlib import Path
+
+    key, value = output_dir(overrides, multirun)
+    fixed = Path(value.split("${", 1)[0] or ".").expanduser()
+    existing = fixed.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={value} cannot be created: {existing} is a file, not a folder; "
+                          "give a folder path under a folder you can write")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={value} cannot be created: {existing} is not writable by this user; "
+                          "give a folder path under a folder you can write")
+
+
 def precheck(argv: list[str], multirun: bool) -> None:
     """Refuse what cannot run, before anything is created (ConfigError: one line)."""
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     uri = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("tracking.uri=")), None)
     check_store_uri(uri or os.environ.get("MLFLOW_TRACKING_URI"))
     check_saved_steps_budget()
+    check_output_dir(overrides, multirun)
     if multirun:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        try:  # a value Hydra cannot even parse fails every job: say so once
-            OverridesParser.create().parse_overrides(overrides)
-        except Exception as err:  # noqa: BLE001
-            raise ConfigError(one_line(err)) from err
+        check_sweep(overrides)
         return
     check_fits(compose_single_run(overrides))
+
+
+def check_sweep(overrides: list[str]) -> None:
+    """Every job of a sweep (its preset's axes and the command line's, less those its exclude rules leave out),
+    composed and validated as the job will be: a value Hydra cannot parse or compose (`+experiment=nosuch`, a group
+    without its `+`), or one the schema refuses in a job (`bs=1,0`), refuses the sweep before it starts, as it
+    refuses a single run."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.cli.plan import jobs_of
+    from harness.config.exclude import excluding_rule
+    from harness.config.validate import to_run_config
+
+    bases: dict = {}
+    try:
+        jobs, rules = jobs_of(overrides)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - Hydra's errors span lines; one is enough
+        raise ConfigError(one_line(err)) from err
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for job in jobs:
+            try:
+                cfg = _composed(job, bases)
+            except Exception as err:  # noqa: BLE001
+                raise ConfigError(f"{one_line(err)} (in the sweep's job {' '.join(job)}; nothing ran)") from err
+            if excluding_rule(cfg, rules) is None:
+                try:
+                    to_run_config(cfg)
+                except ConfigError as err:
+                    raise ConfigError(f"{err} (in the sweep's job {' '.join(job)}; nothing ran)") from err
+
+
+def _composed(job: list[str], bases: dict):
+    """A job's config as Hydra would compose it, faster: Hydra composes the config groups it selects (and any
+    deletion) once per set of them, kept in `bases`, and each plain `key=value` is merged into a copy, typed and
+    checked by the schema as Hydra's own merge would (a sweep of many jobs would otherwise compose each anew)."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(job)
+    plain = [o for o in parsed if not o.is_delete() and o.key_or_group.split(".")[0] not in GROUPS
+             and not o.key_or_group.startswith("hydra")]
+    selects = tuple(o.input_line for o in parsed if o not in plain)
+    if selects not in bases:
+        bases[selects] = compose(config_name="config", overrides=list(selects))
+    cfg = bases[selects].copy()
+    for o in plain:
+        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True, force_add=o.is_add() or o.is_force_add())
+    return cfg

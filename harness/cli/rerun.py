@@ -31,16 +31,26 @@ def rerun(uri: str, run_id: str, overrides: list[str]) -> int:
     parent = tracking.start_parent(uri, experiment, f"rerun of {source.info.run_name}", "rerun",
                                    {"rerun_of": run_id, "overrides": " ".join(overrides)})
     out_dir = Path("outputs") / "reruns" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}-{parent[:6]}"
-    outcomes = []
+    outcomes, varying = [], varying_in([cfg for _, cfg in configs])
     for i, (run, cfg) in enumerate(configs):
         ctx = JobContext(out_dir / str(i), uri, experiment, parent, i, overrides, progress=f"rerun {i + 1}/{len(configs)}",
-                         tags={"rerun_of": run.info.run_id})
+                         tags={"rerun_of": run.info.run_id}, varying=varying)
         outcomes.append(execute(cfg, ctx))
     failed = exit_code(outcomes)
     tracking.end_run(uri, parent, "FAILED" if failed else "FINISHED", failure_summary(outcomes))
     print_summary(outcomes, f"rerun of {run_id} in {out_dir}", tracking.ui_command(uri))
     print_side_by_side(runs, outcomes)
     return failed
+
+
+def varying_in(configs: list) -> list[str]:
+    """The dotted keys whose values differ between the configs rerun (a sweep's jobs), which their names lead with
+    as the sweep's did; a model's architecture keys go with its name."""
+    from harness.config.schema import identity
+
+    flat = [identity(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)) for cfg in configs]
+    keys = sorted({k for f in flat for k in f if k == "model.name" or not k.startswith("model.")})
+    return [k for k in keys if len({str(f.get(k)) for f in flat}) > 1]
 
 
 def rerun_config(logged: dict, overrides: list[str]):

@@ -77,6 +77,7 @@ def _run(cfg: DictConfig, ctx: JobContext, record: JobRecord, progress) -> None:
         record.config_hash = config_hash(record.config)
         if run_cfg.resume and (done := _finished_twin(ctx, record.config_hash)):
             record.status, record.reason = "SKIPPED", f"resume: run {done} already FINISHED with this config"
+            record.tags["resumed_from"] = done  # the run that stands in for this job in the sweep's tables
             results.write(ctx.job_dir, record)
             _note_resumed(ctx, done)
             return

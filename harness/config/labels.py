@@ -54,11 +54,27 @@ def varying_keys(jobs: list[list[str]]) -> list[str]:
     return sorted(k for k, v in values.items() if len(v) > 1)
 
 
-def _extra(flat: Mapping[str, Any], varying) -> list[str]:
-    """`key=value` for each varying key that the label does not show otherwise (dtype, seed, decode_tokens, ...)."""
+def _extra(flat: Mapping[str, Any], varying) -> list[tuple[str, str]]:
+    """(key, `key=value`) for each varying key that the label does not show otherwise (dtype, seed, ...)."""
     shown = (*LABEL_KEYS,)
-    return [f"{k}={getattr(flat.get(k), 'value', flat.get(k))}" for k in varying
+    return [(k, f"{k}={getattr(flat.get(k), 'value', flat.get(k))}") for k in varying
             if k not in shown and k not in FUSED_SWITCHES and not k.startswith(INDUCTOR) and k in flat]
+
+
+def _variant_parts(flat: Mapping[str, Any], varying=()) -> list[tuple[str, str]]:
+    """run_variant's words, each with the key it shows."""
+    mode, steps, fused, attn, compile_mode, regions = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
+    own_attention = MODES[mode].attention if mode in MODES else None  # mode=fused's is triton-decode, always
+    extras = [("graph_steps", f"steps={steps}" if steps not in (*_UNSET, "1") else ""),
+              ("compile_mode", compile_mode if compile_mode not in _UNSET else ""),
+              ("compile_regions", "regional" if regions.lower() == "true" else ""),
+              ("model.fuse_projections", "fused" if fused.lower() == "true" else ""),
+              ("attn", attn if attn not in (*_UNSET, "sdpa", own_attention) else ""),
+              *((key, f"{key.split('.')[1]}={'off' if default else 'on'}") for key, default in FUSED_SWITCHES.items()
+                if str(flat.get(key)).lower() == str(not default).lower())]
+    inductor = [(key, f"{key[len(INDUCTOR):]}={value}") for key, value in sorted(flat.items()) if key.startswith(INDUCTOR)]
+    return [("mode", "?" if mode in _UNSET else mode), *((k, t) for k, t in extras if t), *inductor,
+            *_extra(flat, varying)]
 
 
 def run_variant(flat: Mapping[str, Any], varying=()) -> str:
@@ -66,23 +82,18 @@ def run_variant(flat: Mapping[str, Any], varying=()) -> str:
     from a config's VARIANT_KEYS and Inductor options: MLflow params, a flattened result config, or values
     read from a config; then the other keys its sweep varies (`eager dtype=fp32`), so that no two runs of a
     sweep share a name."""
-    mode, steps, fused, attn, compile_mode, regions = (str(getattr(v, "value", v)) for v in map(flat.get, VARIANT_KEYS))
-    own_attention = MODES[mode].attention if mode in MODES else None  # mode=fused's is triton-decode, always
-    extras = [f"steps={steps}" if steps not in (*_UNSET, "1") else "",
-              compile_mode if compile_mode not in _UNSET else "",
-              "regional" if regions.lower() == "true" else "",
-              "fused" if fused.lower() == "true" else "",
-              attn if attn not in (*_UNSET, "sdpa", own_attention) else "",
-              *(f"{key.split('.')[1]}={'off' if default else 'on'}" for key, default in FUSED_SWITCHES.items()
-                if str(flat.get(key)).lower() == str(not default).lower())]
-    inductor = [f"{key[len(INDUCTOR):]}={value}" for key, value in sorted(flat.items()) if key.startswith(INDUCTOR)]
-    return " ".join(["?" if mode in _UNSET else mode, *filter(None, extras), *inductor, *_extra(flat, varying)])
+    return " ".join(text for _, text in _variant_parts(flat, varying))
 
 
 def run_label(flat: Mapping[str, Any], varying=()) -> str:
     """The one run name, e.g. `qwen3-0.6b bs=4 ctx=1024 cache=1280 graphed`, from dotted keys (LABEL_KEYS):
     a RunConfig's, a flattened config's, or a run's MLflow params; a missing key reads `?`. A config saved
-    before context_len existed names its prompt_len."""
+    before context_len existed names its prompt_len. The `varying` keys (those its sweep varies) lead, in their
+    order, then the fixed ones (`bs=4 dtype=fp32 qwen3-0.6b ctx=1024 cache=1280 eager`): the name's first words
+    tell a sweep's runs apart where a table cuts it short."""
     context = flat.get("context_len", flat.get("prompt_len", "?"))
     cache = "auto" if str(flat.get("cache_len")) in ("None", "null") else flat.get("cache_len", "?")
-    return f"{flat.get('model.name', '?')} bs={flat.get('bs', '?')} ctx={context} cache={cache} {run_variant(flat, varying)}"
+    parts = [("model.name", str(flat.get("model.name", "?"))), ("bs", f"bs={flat.get('bs', '?')}"),
+             ("context_len", f"ctx={context}"), ("cache_len", f"cache={cache}"), *_variant_parts(flat, varying)]
+    lead = [text for key in varying for k, text in parts if k == key]
+    return " ".join([*lead, *(text for k, text in parts if k not in varying)])

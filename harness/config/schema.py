@@ -129,6 +129,9 @@ class RunConfig:
     dtype: DType = DType.bf16
     attn: str = "sdpa"  # a name in the attention-backend registry, harness.kernels.ATTENTION
     device: str = "auto"
+    # torch's intra-op threads, set before the job builds anything: one, as torch.utils.benchmark's Timer takes,
+    # since a CPU step of small kernels spread over threads that other work preempts times the preemption
+    cpu_threads: int = 1
     seed: int = 0
     buckets: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # mode=bucketed's capture sizes
     graph_steps: int = 1  # decode steps per graph replay; >1 captures argmax and feeding too
@@ -157,6 +160,8 @@ class RunConfig:
         _require(self.target_ci_pct > 0, f"target_ci_pct={self.target_ci_pct} is invalid: it must be > 0 (a percentage)")
         _require(self.time_budget_s > 0, f"time_budget_s={self.time_budget_s} is invalid: it must be > 0 (seconds)")
         _require(self.profile_steps >= 1, f"profile_steps={self.profile_steps} is invalid: it must be >= 1")
+        _require(self.cpu_threads >= 1,
+                 f"cpu_threads={self.cpu_threads} is invalid: it must be >= 1 (torch's intra-op threads)")
         _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
         self._check_graph_options()
         needed = self.slots_needed()

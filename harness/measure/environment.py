@@ -115,3 +115,59 @@ def environment_tags(device: torch.device) -> dict[str, str]:
     tags.update({name: value for name, value in os.environ.items() if name.startswith(TUNING_ENV_PREFIXES)
                  and (name not in SET_BY_TORCH or name in ENV_AT_START)})
     return tags
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: what taskset, cgroups' cpusets or SLURM leave it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # a platform without affinity: every core
+        return os.cpu_count() or 1
+
+
+def running_threads() -> int | None:
+    """Threads running or waiting for a core on the whole machine now (/proc/stat's procs_running), the reader's
+    own included; None where the kernel does not say."""
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if line.startswith("procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def contention(threads: int, cores: int, machine_cores: int, load: float | None) -> list[str]:
+    """Why a host-timed step would time the scheduler rather than the work, each as a sentence: more torch threads
+    than the `cores` the process may use (its threads then take turns), or a machine `load` (threads running or
+    waiting, this job's reader among them) that leaves fewer free cores than the job's `threads` need."""
+    why = []
+    if threads > cores:
+        why.append(f"cpu_threads={threads} exceeds the {cores} cores this process may use (os.sched_getaffinity); "
+                   f"use cpu_threads<={cores}")
+    others = None if load is None else load - 1  # the thread that read the load is this job's
+    if others is not None and others + threads > machine_cores:
+        why.append(f"the machine's load ({load:g} threads running or waiting while it timed) leaves fewer than "
+                   f"cpu_threads={threads} of its {machine_cores} cores free")
+    return why
+
+
+class LoadProbe:
+    """The machine's load during timing: procs_running read a few times at each block's start and end (between
+    blocks, never inside a timed loop), its median the load a job reports."""
+
+    READS = 3  # reads per sample: one read may catch a short-lived thread
+
+    def __init__(self) -> None:
+        self.reads: list[int] = []
+
+    def sample(self) -> None:
+        self.reads += [n for n in (running_threads() for _ in range(self.READS)) if n is not None]
+
+    def load(self) -> float | None:
+        if not self.reads:
+            return None
+        ordered = sorted(self.reads)
+        mid = len(ordered) // 2
+        return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

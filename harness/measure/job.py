@@ -16,12 +16,13 @@ import torch
 from harness.measure.attribution import nvtx_range, profile_steps
 from harness.config.schema import RunConfig, round_up
 from harness.clock import MiB, resolve_device, stopwatch
-from harness.measure.environment import environment_tags
+from harness.measure.environment import LoadProbe, contention, environment_tags, usable_cores
 from harness.measure.gpu_state import GpuState
 from harness.models import DTYPES, LoadedModel, get_model
 from harness.modes import spec
 from harness.modes import kept_context
 from harness.modes.base import DecodeMode, pad_rows
+from harness.progress import say
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations, references
@@ -47,6 +48,7 @@ def measure(cfg: RunConfig, on_phase: Callable[[str], None] = lambda phase: None
         raise JobError(f"device={device} asked for, but no CUDA GPU is visible; use device=auto or device=cpu")
     if (why := mode.check(device)) is not None:
         raise JobError(why)
+    torch.set_num_threads(cfg.cpu_threads)  # before anything is built: what the job builds and times runs on them
     on_phase("build")
     with nvtx_range("build", device.type == "cuda"):
         loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed)
@@ -101,13 +103,13 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), checked))
         kept.clear()
 
+    load = LoadProbe()
     blocks, gpu = _timed_blocks(cfg, steps, stepper, device, on_phase, kept,
-                                first_block if kept is not None else None)
+                                first_block if kept is not None else None, load)
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
                "block_steps": float(steps), "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
     metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
-    if is_noisy(metrics):
-        stepper.tags["noisy"] = f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"
+    _mark_noisy(cfg, load, metrics, stepper.tags)
     arch = _architecture(model)
     metrics["parameters"] = float(arch["parameters"])  # the model's size, an axis of the reports
     metrics.update(_speed_of_light(arch, cfg, steps, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
@@ -129,6 +131,27 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
+def _mark_noisy(cfg: RunConfig, load: LoadProbe, metrics: dict, tags: dict) -> None:
+    """The tag `noisy`, where the median's interval is wide or the job's threads had fewer cores than they needed."""
+    noise = [f"median interval ±{metrics['step_ms_ci_pct']:.1f}% (> ±{NOISY_PCT:g}%)"] if is_noisy(metrics) else []
+    noise += _contention(cfg, load, metrics, tags)
+    if noise:
+        tags["noisy"] = "; ".join(noise)
+
+
+def _contention(cfg: RunConfig, load: LoadProbe, metrics: dict, tags: dict) -> list[str]:
+    """The threads the job timed on against the cores it had (tags `cpu_cores`, metric `cpu_load`): each reason the
+    host's clock timed the scheduler too, warned about on the console and returned for the `noisy` tag."""
+    cores, machine = usable_cores(), os.cpu_count() or 1
+    tags["cpu_cores"] = f"{cores} of {machine}"
+    if (during := load.load()) is not None:
+        metrics["cpu_load"] = during
+    why = contention(cfg.cpu_threads, cores, machine, during)
+    for reason in why:
+        say(f"warning: {cfg.label}: {reason}: its times are noisy")
+    return why
+
+
 def _block_steps(cfg: RunConfig, pace_ms: float | None, at_least: int, tags: dict,
                  reference_steps: int | None) -> int:
     steps, cut = block_steps(cfg, pace_ms, at_least, reference_steps)
@@ -147,13 +170,15 @@ def _kept_loop_steps(model, prompt, stepper, exact: bool, warm_tokens: int) -> i
 
 
 def _timed_blocks(cfg: RunConfig, steps: int, stepper, device, on_phase, keep_logits: list | None = None,
-                  first_block: Callable | None = None) -> tuple[list, GpuState]:
+                  first_block: Callable | None = None, load: LoadProbe | None = None) -> tuple[list, GpuState]:
     """Timed blocks of `steps` tokens, each from the prefilled context and after a warm-up (the first's were done
     before), until `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read
     at their start and end and its energy counter around each (between blocks). The rule that stopped is the tag
     `stopped_by`.
-    The first block's logits go to `keep_logits`, and `first_block(timing)` runs after it, outside the clock."""
+    The first block's logits go to `keep_logits`, and `first_block(timing)` runs after it, outside the clock; `load`
+    samples the machine's load at each block's start and end."""
     blocks, gpu, spent_s = [], GpuState(device), 0.0
+    load = load or LoadProbe()
     gpu.read("start")
     while True:
         started = time.perf_counter()
@@ -162,8 +187,10 @@ def _timed_blocks(cfg: RunConfig, steps: int, stepper, device, on_phase, keep_lo
             run_steps(stepper, cfg.warmup)
         on_phase(f"decode (block {len(blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
         energy = gpu.energy()
+        load.sample()
         with nvtx_range("decode", device.type == "cuda"):
             blocks.append(timed_decode(stepper, steps, device, None if blocks else keep_logits))  # ends in a sync
+        load.sample()
         gpu.add_block(energy)
         if first_block is not None and len(blocks) == 1:
             first_block(blocks[0])

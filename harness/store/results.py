@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -82,3 +83,9 @@ def find(sweep_dir: Path) -> list[Path]:
 
 def _job_key(name: str):
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def default_dir(kind: str, name: str) -> Path:
+    """Where a command's files go unless told: a folder of its own under ./outputs/KIND/ (beside the sweeps, ignored
+    by git), named by the time and `name` (a run id's first characters), never a temporary folder left behind."""
+    return Path("outputs") / kind / f"{datetime.now():%Y-%m-%d/%H-%M-%S}-{name[:8]}"

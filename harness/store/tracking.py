@@ -70,9 +70,9 @@ def _file_lock(path: Path):
 # runs table of its model-training view. The shared view (MLflow's own "share view" state, opened by the
 # address runs_table_url gives) lists the job runs fastest first with the columns a reader compares.
 VIEW_KEY = "harness"
-RUNS_VIEW = {"selectedColumns": ["params.`model.name`", "params.`bs`", "params.`context_len`", "params.`mode`",
-                                 "params.`attn`", "metrics.`step_ms_median`", "metrics.`speedup_vs_eager`",
-                                 "metrics.`tokens_per_s`", "metrics.`step_ms_ci_pct`"],
+RUNS_VIEW = {"selectedColumns": ["params.`mode`", "params.`bs`", "params.`dtype`", "metrics.`step_ms_median`",
+                                 "metrics.`step_ms_ci_pct`", "params.`model.name`", "params.`context_len`",
+                                 "params.`attn`", "metrics.`speedup_vs_eager`", "metrics.`tokens_per_s`"],
              "orderByKey": "metrics.`step_ms_median`", "orderByAsc": True}
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development",
                    f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(RUNS_VIEW)}
@@ -193,13 +193,35 @@ class StoreError(RuntimeError):
     """The store lacks what was asked for."""
 
 
+ID_PREFIX = 8  # the shortest run id prefix taken for a whole id (as git takes a commit's), where it names one run
+
+
 def get_run(uri: str, run_id: str):
+    """A run by its id, or by the first ID_PREFIX or more characters of it where they name one run of the store."""
     try:
+        if ID_PREFIX <= len(run_id) < 32 and all(ch in "0123456789abcdef" for ch in run_id):
+            run_id = _whole_id(uri, run_id)
         return client(uri).get_run(run_id)
+    except StoreError:
+        raise
     except Exception as err:  # noqa: BLE001 - MLflow raises its own types per store
         if retry.is_transient(err):
             raise  # the store is unreachable, which says nothing of the run
         raise StoreError(f"no run {run_id!r} in {redact(uri)} ({type(err).__name__})") from err
+
+
+def _whole_id(uri: str, prefix: str) -> str:
+    """The one run id of the store (any experiment, deleted runs included) that starts with `prefix`."""
+    from mlflow.entities import ViewType
+
+    c = client(uri)
+    experiments = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    found = [r.info.run_id for r in c.search_runs(experiments, run_view_type=ViewType.ALL, max_results=50000)
+             if r.info.run_id.startswith(prefix)]
+    if len(found) > 1:
+        raise StoreError(f"run id {prefix!r} is the start of {len(found)} runs' ids in {redact(uri)} "
+                         f"({', '.join(sorted(f[:12] for f in found)[:4])}, ...): give more of it")
+    return found[0] if found else prefix  # none: get_run says so
 
 
 def run_exists(uri: str, run_id: str) -> bool:
@@ -270,10 +292,28 @@ def compare_url(uri: str, experiment: str, run_ids: list[str]) -> str:
     return f"{_ui_base(uri)}/#/compare-runs?{query}"
 
 
-def runs_table_url(uri: str, experiment: str) -> str:
-    """The experiment's runs table in MLflow's model-training view, in the harness's shared view."""
+def runs_table_url(uri: str, experiment: str, view: str = VIEW_KEY) -> str:
+    """The experiment's runs table in MLflow's model-training view, in a shared view (the harness's, or a sweep's)."""
     return (f"{_ui_base(uri)}/#/experiments/{experiment_id(uri, experiment)}/runs"
-            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")
+            f"?workflowType=machine_learning&viewStateShareKey={view}")
+
+
+def run_url(uri: str, experiment: str, run_id: str) -> str:
+    """A run's page in MLflow's model-training view (without the view's name, MLflow 3 may open its GenAI one)."""
+    return (f"{_ui_base(uri)}/#/experiments/{experiment_id(uri, experiment)}/runs/{run_id}"
+            "?workflowType=machine_learning")
+
+
+def share_sweep_view(uri: str, experiment: str, parent: str, varying: list[str]) -> str:
+    """A shared view of the runs table for one sweep: the median and its interval (MLflow shows metrics before
+    params), then the keys the sweep varies, then what it held fixed; returns its key (runs_table_url opens it)."""
+    key = f"sweep-{parent[:8]}"
+    first = [f"params.`{k}`" for k in varying]
+    metrics = ["metrics.`step_ms_median`", "metrics.`step_ms_ci_pct`", "metrics.`speedup_vs_eager`"]
+    view = {**RUNS_VIEW, "selectedColumns": [*metrics, *first, *(c for c in RUNS_VIEW["selectedColumns"]
+                                                                 if c.startswith("params.") and c not in first)]}
+    client(uri).set_experiment_tag(experiment_id(uri, experiment), f"mlflow.sharedViewState.{key}", json.dumps(view))
+    return key
 
 
 def _ui_base(uri: str) -> str:
