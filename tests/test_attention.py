@@ -167,14 +167,14 @@ AOT_COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from harness.kernels.triton_decode import _merge, _split_kv
+from harness.kernels.triton_decode import _merge, split_kv_chunk
 
 ints = ["q_row", "q_head", "k_row", "k_head", "k_slot", "v_row", "v_head", "v_slot"]
 for group in (2, 4):  # qwen3-0.6b/1.7b, qwen3-4b/8b and llama
     sig = dict(Q="*bf16", K="*bf16", V="*bf16", Pos="*i64", Acc="*fp32", M="*fp32", L="*fp32", scale="fp32",
                **dict.fromkeys(ints, "i32"), **dict.fromkeys(["GROUP", "GROUP_PAD", "D", "BLOCK_N", "SPLITS", "IEEE"], "constexpr"))
     consts = dict(GROUP=group, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=32, IEEE=False)
-    print("split_kv", len(triton.compile(ASTSource(_split_kv, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]))
+    print("split_kv", len(triton.compile(ASTSource(split_kv_chunk, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]))
 sig = dict(Acc="*fp32", M="*fp32", L="*fp32", Out="*bf16", o_row="i32", o_head="i32", HEADS="constexpr", D="constexpr",
            SPLITS="constexpr")
 print("merge", len(triton.compile(ASTSource(_merge, sig, dict(HEADS=16, D=128, SPLITS=32)), target=GPUTarget("cuda", 90, 32)).asm["ptx"]))

@@ -39,6 +39,13 @@ class DType(Enum):
     fp32 = "fp32"
 
 
+# The numeric keys' bounds: the least value, ">=" or ">" it, what the message calls the key, and why
+BOUNDS = {"bs": (1, ">=", "the batch size", ""), "context_len": (1, ">=", "it", ""),
+          "decode_tokens": (2, ">=", "it", "statistics need two steps"),
+          "repeats": (1, ">=", "it", "timed blocks per job"),
+          "target_ci_pct": (0, ">", "it", "a percentage"), "time_budget_s": (0, ">", "it", "seconds"),
+          "profile_steps": (1, ">=", "it", ""), "cpu_threads": (1, ">=", "it", "torch's intra-op threads"),
+          "warmup": (1, ">=", "it", "capture needs a warm model")}
 STOP_RULES = ("adaptive", "repeats")  # when a job's timing stops (RunConfig.stop)
 CACHE_BLOCK = 256  # a derived cache_len is rounded up to this many slots (a multiple of every backend's block)
 
@@ -151,18 +158,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         _require(self.mode in MODES, f"mode={self.mode} is invalid: use one of {', '.join(MODES)}")
         _require(self.attn in ATTENTION, f"attn={self.attn} is invalid: use one of {', '.join(ATTENTION)}")
-        _require(self.bs >= 1, f"bs={self.bs} is invalid: the batch size must be >= 1")
-        _require(self.context_len >= 1, f"context_len={self.context_len} is invalid: it must be >= 1")
-        _require(self.decode_tokens >= 2,
-                 f"decode_tokens={self.decode_tokens} is invalid: it must be >= 2 (statistics need two steps)")
-        _require(self.repeats >= 1, f"repeats={self.repeats} is invalid: it must be >= 1 (timed blocks per job)")
         _require(self.stop in STOP_RULES, f"stop={self.stop} is invalid: use one of {', '.join(STOP_RULES)}")
-        _require(self.target_ci_pct > 0, f"target_ci_pct={self.target_ci_pct} is invalid: it must be > 0 (a percentage)")
-        _require(self.time_budget_s > 0, f"time_budget_s={self.time_budget_s} is invalid: it must be > 0 (seconds)")
-        _require(self.profile_steps >= 1, f"profile_steps={self.profile_steps} is invalid: it must be >= 1")
-        _require(self.cpu_threads >= 1,
-                 f"cpu_threads={self.cpu_threads} is invalid: it must be >= 1 (torch's intra-op threads)")
-        _require(self.warmup >= 1, f"warmup={self.warmup} is invalid: it must be >= 1 (capture needs a warm model)")
+        for key, (least, sign, subject, why) in BOUNDS.items():
+            value = getattr(self, key)
+            _require(value > least if sign == ">" else value >= least,
+                     f"{key}={value} is invalid: {subject} must be {sign} {least}" + (f" ({why})" if why else ""))
         self._check_graph_options()
         needed = self.slots_needed()
         if self.cache_len is None:

@@ -1,6 +1,6 @@
 """A GPU's fingerprint: a short calibration, once per process, of what the machine under a sweep does.
 
-Leases of "one H200" are different GPUs, and one compiled config can measure several per cent apart across them:
+Two leases of the same GPU model are different GPUs, and one compiled config can measure several per cent apart:
 a name and a driver version do not tell two machines apart, their behaviour does. Each figure is the median of
 REPEATS measurements, with their spread (max - min, in % of the median) as its noise; `compare` says where two
 sweeps' fingerprints differ beyond it (harness/analysis/compare.py).

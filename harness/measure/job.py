@@ -121,14 +121,18 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         on_phase(f"profile {stepper.tags['profile']}")
     on_phase("verify")
     with stopwatch(device, metrics, "verify_ms"):
-        choices = [("the warm-up", stepper.warm_choices),
-                   *((f"timed block {i + 1}", b.choices) for i, b in enumerate(blocks))]
         checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]),
-                                 loop[0] if loop else None, choices)
+                                 loop[0] if loop else None, _recorded_choices(stepper, blocks))
     metrics.update(checks)
     failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
+
+
+def _recorded_choices(stepper, blocks) -> list:
+    """Each call's recorded tokens and the logits they came from, by the part of the loop that decoded them: the
+    warm-up, then each timed block (verify's argmax check of every recorded token)."""
+    return [("the warm-up", stepper.warm_choices), *((f"timed block {i + 1}", b.choices) for i, b in enumerate(blocks))]
 
 
 def _mark_noisy(cfg: RunConfig, load: LoadProbe, metrics: dict, tags: dict) -> None:
