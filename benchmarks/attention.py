@@ -1,5 +1,5 @@
 """Per-layer decode attention on the GPU, each backend captured in a CUDA graph and replayed: one query token,
-qwen3-0.6b's heads (16 q, 8 KV, d=128), bf16. Prints a markdown table for docs/benchmarks.md.
+qwen3-0.6b's heads (16 q, 8 KV, d=128), bf16. Prints a markdown table for docs/context.md.
 
     python benchmarks/attention.py [--replays 200]
 """

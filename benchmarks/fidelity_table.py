@@ -1,4 +1,4 @@
-"""The fidelity table of docs/benchmarks.md from sweep folders: per run, the KL from fp32 (nats a token) of the run
+"""The fidelity table of docs/checks.md from sweep folders: per run, the KL from fp32 (nats a token) of the run
 and of native eager, their delta with its 95% interval, the worst step's delta, the NLL delta, and the verdict.
     python benchmarks/fidelity_table.py outputs/sweeps/DAY/TIME ..."""
 from __future__ import annotations

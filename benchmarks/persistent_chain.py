@@ -1,5 +1,5 @@
 """Would one persistent kernel a step beat a launch a product? mode=fused launches five kernels a layer, and each
-costs microseconds of ramp and drain whatever it reads (docs/benchmarks.md, "what the hardware counters say"). A
+costs microseconds of ramp and drain whatever it reads (docs/fused.md). A
 persistent kernel (the megakernel's design) keeps its programs resident for the whole step and puts a barrier where a
 kernel boundary was. This times the two on the same programs, weights and arithmetic: a chain of dependent bs=1
 products the size of one of Qwen3-0.6B's (1024 -> 4096 -> 1024, four products and 33.6 MB a layer, LAYERS layers),

@@ -1,6 +1,6 @@
 """Does SDPA with `enable_gqa` and a boolean mask (attn=sdpa-gqa's decode call) give the same output replayed
 from a CUDA graph as in eager, per SDPA backend, at long caches? Prints the kernels each backend launches.
-    python benchmarks/sdpa_graph_vs_eager.py        (a GPU; results in docs/benchmarks.md, "How we check")"""
+    python benchmarks/sdpa_graph_vs_eager.py        (a GPU; results in docs/checks.md)"""
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -140,6 +140,6 @@ def plan(uri: str | None, experiment: str, overrides: list[str], past_folders: l
         print(f"on {gpus} GPU{'s' * (gpus > 1)}, one job each at a time (hydra/launcher=gpus): about "
               f"{wall_on_gpus(estimates, gpus):.1f} s for those jobs in the order above, each to the first GPU free;\n"
               "  plus what each pays as a process of its own, where one sweep's jobs share one: the interpreter, the "
-              "imports and the model's build (12-27 s a job on the H200, docs/benchmarks.md), and the eager "
+              "imports and the model's build (docs/time-to-answer.md), and the eager "
               "references a job takes from the one before it")
     return 0

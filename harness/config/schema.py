@@ -147,7 +147,7 @@ class RunConfig:
     inductor: Dict[str, Any] = field(default_factory=dict)
     # The compiled modes: compile one decoder layer and stamp its code out for every layer of the model
     # (torch.compiler.nested_compile_region), so that compile time no longer grows with depth; Inductor then fuses
-    # nothing across a layer's edge (what that costs a step: docs/benchmarks.md). Other modes ignore it.
+    # nothing across a layer's edge (what that costs a step: docs/time-to-answer.md). Other modes ignore it.
     compile_regions: bool = False
     fused: FusedConfig = field(default_factory=FusedConfig)  # mode=fused's switches
     resume: bool = False  # skip a job whose identical config already has a FINISHED run in the store

@@ -5,8 +5,8 @@ model is built with it.
 
 - `sdpa`: transformers' path, untouched: with a static cache it passes a mask, so K/V are expanded to the
   query heads by repeat_kv and SDPA attends over every slot of the cache, valid or empty.
-- `sdpa-gqa`: SDPA on the KV heads, no expansion (GQA_DECODE picks the faster of two ways, measured on the
-  H200 in docs/benchmarks.md); still every slot of the cache, masked.
+- `sdpa-gqa`: SDPA on the KV heads, no expansion (GQA_DECODE picks the faster of two ways, measured in
+  docs/context.md); still every slot of the cache, masked.
 - `sdpa-nocudnn`: transformers' path, its decode steps with torch's SDPA held off cuDNN's attention kernel, whose
   results vary from call to call on the H200 at bs 8 and 32: the memory-efficient kernel runs instead (flash refuses
   the mask), and eager reproduces itself bit for bit, so a graph's check needs one eager pass, not two to four.
@@ -54,7 +54,7 @@ def packed_rows_attention(module, query, key, value, attention_mask, scaling=Non
     return out.reshape(bs, heads, 1, dim).transpose(1, 2).contiguous(), None  # as SDPA's: [bs, 1, heads, d]
 
 
-GQA_DECODE = enable_gqa_attention  # attn=sdpa-gqa: the faster of the two on the H200 (docs/benchmarks.md)
+GQA_DECODE = enable_gqa_attention  # attn=sdpa-gqa: the faster of the two on the H200 (docs/context.md)
 
 # torch's SDPA kernels whose forward gives the same bits every call: all but cuDNN's (benchmarks/eager_variation.py
 # on the H200: cuDNN's passes 0.22-0.36 apart over the same tokens, the memory-efficient kernel's and math's 0)

@@ -47,8 +47,8 @@ from harness.measure.stats import paired_mean_interval
 from harness.measure.timing import advance, calls_for, recorded_not_argmax
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
-INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/benchmarks.md)
-TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 on the H200 (docs/benchmarks.md)
+INEXACT_BOUND = 4.0  # an inexact run's error against fp32, in units of plain eager's own (docs/checks.md)
+TIE_TOLERANCE = 0.0625  # 2x eager's run-to-run logit difference at cache 1024 (docs/checks.md)
 RECHECKS = 2  # more eager decodes that measure eager's own variation before a run fails for exceeding it
 FP32_FLOOR = 1e-5  # where eager's own error is 0 (an fp32 run), rounding of this size relative to the logits
 # A run's mean KL from fp32 may exceed native eager's by at most this many times eager's own (the KL delta's 95%

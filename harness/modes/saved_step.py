@@ -1,7 +1,7 @@
 """A compiled decode step kept on disk, so that a later sweep loads it instead of having Dynamo trace the model again.
 
 Inductor's FX graph cache keeps the kernels between sweeps, but not Dynamo's work: on torch 2.11 a warm compile
-still reads every decoder layer's Python, 2 s for 16 layers to 15 s for 48 (docs/benchmarks.md, "Time to answer").
+still reads every decoder layer's Python, 2 s for 16 layers to 15 s for 48 (docs/time-to-answer.md).
 torch.compile's ahead-of-time path (`aot_compile`, then `save_compiled_function`) keeps the traced step and its
 compiled code in one file, which `torch.compiler.load_compiled_function` reads back without tracing.
 
@@ -35,8 +35,8 @@ import torch
 FORMAT = 2  # of the files and their key: bump where what the key covers changes
 HARNESS_ROOT = Path(__file__).resolve().parents[1]
 # The saved steps' folder is kept within this many MB: every change of the harness's source, torch, transformers or
-# Triton names each step anew, and the `models` preset alone saved 18 steps, 81 MB, on the H200 (docs/benchmarks.md),
-# so without a bound the folder grows by that much each time. 2048 MB keeps about 25 such sets.
+# Triton names each step anew, and a preset's steps take tens of MB (docs/time-to-answer.md), so without a bound the
+# folder grows by that much each time.
 BUDGET_VARIABLE = "HARNESS_SAVED_STEPS_MAX_MB"
 DEFAULT_BUDGET_MB = 2048
 # A file being written is saved as KEY.PID.part, then renamed; one this old was left by a process that died
