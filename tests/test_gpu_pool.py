@@ -47,7 +47,7 @@ def test_a_killed_job_frees_its_slot_and_the_rest_finish(workdir):
                        env={"HARNESS_INJECT_FAULT": "sigkill:bs=2 "})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "3 finished, 1 failed" in proc.stdout
-    by_bs = {r["label"].split()[1]: r for r in _results(workdir)}
+    by_bs = {next(w for w in r["label"].split() if w.startswith("bs=")): r for r in _results(workdir)}
     assert by_bs["bs=2"]["status"] == "FAILED" and "died before it recorded a result" in by_bs["bs=2"]["reason"]
     assert all(by_bs[b]["status"] == "FINISHED" for b in ("bs=1", "bs=3", "bs=4"))
     _, (parent,), children = runs_by_kind(store(workdir))
