@@ -139,7 +139,7 @@ def check_sweep(overrides: list[str]) -> None:
     composed and validated as the job will be: a value Hydra cannot parse or compose (`+experiment=nosuch`, a group
     without its `+`), or one the schema refuses in a job (`bs=1,0`), refuses the sweep before it starts, as it
     refuses a single run."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
 
     from harness.cli.plan import jobs_of
     from harness.config.exclude import excluding_rule
