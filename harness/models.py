@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.config.schema import ConfigError, ModelConfig
+from harness.config.schema import ModelConfig
+from harness.errors import ConfigError
 from harness.kernels import attention_spec
 from harness.modes import kept_context
 

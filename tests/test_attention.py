@@ -9,7 +9,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from harness.kernels import attention
 from harness import models
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.config.validate import check_overrides, to_run_config
 from harness.measure.job import measure, seeded_prompt
 from harness.modes import base

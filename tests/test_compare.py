@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli import commands as cli
 from harness.analysis.compare import compare, environment_diff, parse_threshold
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.record import JobRecord
 from tests.support import FAST, run_harness, runs_by_kind, store
 

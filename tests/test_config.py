@@ -11,7 +11,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from harness.config.schema import CONF_DIR
-from harness.config.schema import ConfigError, schema_defaults
+from harness.config.schema import schema_defaults
+from harness.errors import ConfigError
 from harness.config.validate import to_run_config
 from tests.support import REPO, compose_cfg, run_config
 

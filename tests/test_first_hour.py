@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.measure.environment import running_threads, usable_cores
 from harness.measure.job import measure
 from support import FAST, REPO, run_config

@@ -16,7 +16,7 @@ import triton.language as tl
 from harness import models
 from harness.cli.precheck import compose_single_run
 from harness.config.fused import FUSED_SWITCHES, FusedConfig
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.kernels.fused import copies_first, pdl
 from harness.kernels.fused import decoder as fused_decoder
 from harness.kernels.fused import plan as fused_plan

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from harness.cli import commands as cli, rerun
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.store import retry
 from tests.support import FAST, QUICK_STORE, SECRET, harness_env, run_harness, runs_by_kind, store
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness import models
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.measure.job import JobError, measure, seeded_prompt
 from harness.measure.timing import run_steps, timed_decode
 from harness.measure import references
@@ -309,7 +309,7 @@ def test_an_unmutated_run_verifies_every_block():
 
 
 def test_the_physical_gpu_is_found_through_cuda_visible_devices(monkeypatch):
-    from harness.measure.environment import _visible_gpu
+    from harness.measure.gpu_state import _visible_gpu
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # as SLURM binds two GPUs to a job
     assert _visible_gpu(0) == "3" and _visible_gpu(1) == "5" and _visible_gpu(2) is None

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from harness import models
-from harness.config.schema import ConfigError, config_hash
+from harness.config.schema import config_hash
+from harness.errors import ConfigError
 from harness.measure.job import JobError, measure, seeded_prompt
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import pad_rows

@@ -9,7 +9,7 @@ import json
 import torch
 
 from harness.cli.precheck import check_store_uri
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.measure.job import measure, token_repeat_fraction
 from tests.support import FAST, run_config, run_harness
 

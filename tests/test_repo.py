@@ -1,5 +1,5 @@
 """The repository's own rules: the README's commands are the ones CI runs; functions stay short; no work-item
-numbers in code, tests, configs or docs; lower layers import no upper one."""
+numbers in code, tests, configs or docs (the layers and import cycles: tests/unit/test_layers.py)."""
 import ast
 import re
 from pathlib import Path
@@ -37,26 +37,6 @@ def test_no_work_item_numbers_in_code_tests_configs_or_docs():
     assert found == []
 
 
-# Each layer and what it may import of the harness (models.py, record.py, progress.py are shared below all)
-LAYERS = {"config": {"config", "modes", "kernels"}, "kernels": {"kernels", "config"}, "modes": {"modes", "kernels"},
-          "measure": {"measure", "modes", "kernels", "config"}, "store": {"store", "config"},
-          "analysis": {"analysis", "store", "config", "modes", "measure"}}
-
-
-def test_lower_layers_import_no_upper_one():
-    """measure/, modes/, kernels/ and config/ know nothing of the store, the analysis or the command line."""
-    wrong = []
-    for layer, allowed in LAYERS.items():
-        for path in (REPO / "harness" / layer).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
-                for name in names:
-                    parts = name.split(".")
-                    if parts[0] == "harness" and len(parts) > 1 and parts[1] in LAYERS | {"cli": 0} \
-                            and parts[1] not in allowed:
-                        wrong.append(f"{path.relative_to(REPO)} imports {name}")
-    assert wrong == []
 # A GPU's serial, a calendar date, a pairing phrase, or a GPU named beside a measured figure: the marks of a lab
 # notebook. Code says what it does and why, in words that stay true; each measurement goes to the docs page for its
 # question (docs/fused-knobs.md for the fused kernels' knobs).

@@ -12,7 +12,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from harness.analysis.report import table_markdown
 from harness.analysis.rows import row_of
-from harness.config.schema import ConfigError, config_hash, schema_defaults
+from harness.config.schema import config_hash, schema_defaults
+from harness.errors import ConfigError
 from harness.kernels import ATTENTION, VALID_PREFIX, AttentionSpec
 from harness.measure.job import measure
 from harness.record import JobRecord

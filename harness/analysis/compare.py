@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from harness.store import results, tracking
-from harness.config.schema import ConfigError, identity
+from harness.config.schema import identity
+from harness.errors import ConfigError
 from harness.record import JobRecord, flatten
 from harness.measure.stats import bootstrap_medians
 

@@ -8,7 +8,7 @@ import json
 
 from harness.analysis.compare import load_side
 from harness.analysis.rows import row_of
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.record import JobRecord, flatten
 
 FORMATS = ("csv", "json")

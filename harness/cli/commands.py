@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.store import results, retry, runlog, tracking
 from harness.cli import COMMANDS
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.progress import say
 from harness.record import JobRecord
 from harness.store.redact import redact

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from harness.cli import COMMANDS, interrupt
 from harness.cli.sweep_file import take_status
-from harness.config.schema import CONF_DIR, ConfigError  # light: no torch before the checks
+from harness.config.schema import CONF_DIR  # light: no torch before the checks
+from harness.errors import ConfigError
 from harness.config.validate import check_overrides
 from harness.kernels.triton_runtime import interpret_without_gpu, persistent_compile_caches
 

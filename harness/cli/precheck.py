@@ -13,7 +13,8 @@ from urllib.parse import parse_qsl, urlparse
 
 from omegaconf import OmegaConf
 
-from harness.config.schema import CONF_DIR, GROUPS, ConfigError, RunConfig
+from harness.config.schema import CONF_DIR, GROUPS, RunConfig
+from harness.errors import ConfigError
 from harness.store.redact import _SECRET_QUERY, redact
 
 STORE_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from harness.cli import interrupt
 from harness.store import tracking
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.record import JobRecord, exit_code, failure_summary
 from harness.analysis.summary import print_summary
 from harness.config.validate import check_overrides, model_preset, to_run_config

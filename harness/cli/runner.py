@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.cli import interrupt
 from harness.store import results, runlog, tracking
-from harness.config.schema import ConfigError, config_hash
+from harness.config.schema import config_hash
+from harness.errors import ConfigError
 from harness.config.validate import to_run_config
 from harness.config.labels import run_label
 from harness.measure.job import JobError, measure

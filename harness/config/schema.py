@@ -26,11 +26,8 @@ from harness.kernels import ATTENTION
 from harness.modes import MODES
 from harness.config.fused import FUSED_SWITCHES, FusedConfig
 from harness.config.labels import INDUCTOR, LABEL_KEYS, run_label
+from harness.errors import ConfigError
 from harness.record import flatten
-
-
-class ConfigError(ValueError):
-    """Bad input, reported as one line naming the value and what would be valid."""
 
 
 class DType(Enum):

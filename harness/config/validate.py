@@ -9,7 +9,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config.schema import CONF_DIR, GROUPS, ConfigError, ModelConfig, RunConfig
+from harness.config.schema import CONF_DIR, GROUPS, ModelConfig, RunConfig
+from harness.errors import ConfigError
 from harness.config.labels import INDUCTOR
 from harness.record import flatten
 

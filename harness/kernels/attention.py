@@ -29,7 +29,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.kernels import FLEX_BLOCK
 from harness.kernels.triton_runtime import interpreted as triton_interpreted, interpreter_ready
 

@@ -5,7 +5,6 @@ import functools
 import hashlib
 import os
 import platform
-import re
 import socket
 import subprocess
 from pathlib import Path
@@ -15,6 +14,7 @@ import transformers
 
 from harness import ENV_AT_START
 from harness.clock import device_index
+from harness.measure.gpu_state import gpu_facts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,25 +39,6 @@ def git_state() -> tuple[str, str]:
     return commit, f"diff-{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "false"
 
 
-@functools.lru_cache(maxsize=8)
-def gpu_facts(index: int) -> dict[str, str]:
-    """Name, driver and UUID of the GPU this process sees as `index`. The UUID names the physical GPU
-    even when SLURM (or CUDA_VISIBLE_DEVICES) renumbers what the process sees."""
-    props = torch.cuda.get_device_properties(index)
-    facts = {"gpu_name": props.name}
-    uuid = str(getattr(props, "uuid", "") or "").removeprefix("GPU-")
-    if _UUID.match(uuid):
-        facts["gpu_uuid"] = f"GPU-{uuid}"
-    elif (visible := _visible_gpu(index)) is not None:  # nvidia-smi numbers physical GPUs
-        found = _run("nvidia-smi", f"--id={visible}", "--query-gpu=uuid", "--format=csv,noheader")
-        if found:
-            facts["gpu_uuid"] = found.strip()
-    driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
-    if driver:
-        facts["gpu_driver"] = driver.splitlines()[0].strip()
-    return facts
-
-
 # Set by torch's own import chain (Inductor's cache folder): logged only where the user had set it
 SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 # and the variables that set a CPU's threads and torch's or CUDA's kernels (OMP_NUM_THREADS alone moves a tiny
@@ -65,15 +46,6 @@ SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 TUNING_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "CUBLAS_", "CUBLASLT_", "NVIDIA_TF32", "CUDA_", "OMP_", "MKL_",
                        "OPENBLAS_")
 GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def _visible_gpu(index: int) -> str | None:
-    """The physical GPU (index or UUID, as nvidia-smi takes it) behind this process's `cuda:index`."""
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if not visible:
-        return str(index)
-    return visible[index] if index < len(visible) else None
 
 
 @functools.lru_cache(maxsize=1)

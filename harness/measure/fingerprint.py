@@ -14,6 +14,7 @@ import time
 import torch
 
 from harness.clock import cuda_event_ms
+from harness.measure.gpu_state import nvml_handle
 from harness.modes.graphed import warm_up_on_side_stream
 
 REPEATS = 5
@@ -87,9 +88,7 @@ def _graph_us(device: torch.device) -> list[float]:
 def _sm_clock_under_load(device: torch.device) -> list[float]:
     """The SM clock NVML reads while matmuls keep the GPU busy (its boost under load, which power and
     temperature limits move from one board to the next)."""
-    from harness.measure.gpu_state import _nvml_handle
-
-    handle = _nvml_handle(device)
+    handle = nvml_handle(device)
     if handle is None:
         return []
     import pynvml

@@ -1,14 +1,60 @@
-"""The GPU's state around the timed blocks, through NVML (nvidia-ml-py): clocks, power, temperature,
-throttle reasons, and energy from the board's total-energy counter. Read between blocks, never inside one."""
+"""Which physical GPU a CUDA device is (its name, driver and UUID), and its state around the timed blocks, through
+NVML (nvidia-ml-py): clocks, power, temperature, throttle reasons, and energy from the board's total-energy counter.
+Read between blocks, never inside one. The bottom of a chain: the environment's tags and the fingerprint read the
+GPU through this module, which imports neither."""
 from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
 
 import torch
 
+from harness.clock import device_index
+
 # Clock-event reasons that mean the GPU ran slower than it was asked to (NVML's nvmlClocksEventReason*)
 THROTTLES = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def _nvml_handle(device: torch.device):
+@functools.lru_cache(maxsize=8)
+def gpu_facts(index: int) -> dict[str, str]:
+    """Name, driver and UUID of the GPU this process sees as `index`. The UUID names the physical GPU
+    even when SLURM (or CUDA_VISIBLE_DEVICES) renumbers what the process sees."""
+    props = torch.cuda.get_device_properties(index)
+    facts = {"gpu_name": props.name}
+    uuid = str(getattr(props, "uuid", "") or "").removeprefix("GPU-")
+    if _UUID.match(uuid):
+        facts["gpu_uuid"] = f"GPU-{uuid}"
+    elif (visible := _visible_gpu(index)) is not None:  # nvidia-smi numbers physical GPUs
+        found = _nvidia_smi(f"--id={visible}", "--query-gpu=uuid", "--format=csv,noheader")
+        if found:
+            facts["gpu_uuid"] = found.strip()
+    driver = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    if driver:
+        facts["gpu_driver"] = driver.splitlines()[0].strip()
+    return facts
+
+
+def _nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's answer, or None where it is missing or fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _visible_gpu(index: int) -> str | None:
+    """The physical GPU (index or UUID, as nvidia-smi takes it) behind this process's `cuda:index`."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return str(index)
+    return visible[index] if index < len(visible) else None
+
+
+def nvml_handle(device: torch.device):
     """NVML's handle of the physical GPU behind this CUDA device (by UUID: CUDA and NVML number them apart)."""
     if device.type != "cuda":
         return None
@@ -16,9 +62,6 @@ def _nvml_handle(device: torch.device):
         import pynvml
 
         pynvml.nvmlInit()
-        from harness.clock import device_index
-        from harness.measure.environment import gpu_facts
-
         uuid = gpu_facts(device_index(device)).get("gpu_uuid")
         return pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else None
     except Exception:  # noqa: BLE001 - no NVML (no driver library, no nvidia-ml-py): nothing to read
@@ -29,7 +72,7 @@ class GpuState:
     """Readings at the start and end of the timed blocks, and the energy each block drew."""
 
     def __init__(self, device: torch.device):
-        self.handle = _nvml_handle(device)
+        self.handle = nvml_handle(device)
         self.metrics: dict[str, float] = {}
         self.reasons = 0
         self.energy_mj = 0.0

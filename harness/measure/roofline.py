@@ -117,7 +117,7 @@ def ceilings(device: torch.device) -> dict[str, float]:
     """The device's copy bandwidth and bf16 matmul rate: measured once per GPU model and driver,
     then read from disk."""
     from harness.clock import device_index
-    from harness.measure.environment import gpu_facts
+    from harness.measure.gpu_state import gpu_facts
 
     facts = gpu_facts(device_index(device))
     key = f"{facts['gpu_name']} | driver {facts.get('gpu_driver', '?')}"

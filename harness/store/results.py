@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.record import JobRecord
 
 RESULT_FILE = "result.json"
