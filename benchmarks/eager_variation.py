@@ -3,7 +3,7 @@
     python benchmarks/eager_variation.py model=qwen3-0.6b bs=32 context_len=16384 [--passes 3] [--steps 16]
 
 Where eager does not reproduce itself bit for bit, a graphed run cannot be judged against eager's own loop: its
-check decodes eager again, twice or more (verify._exact), and at bs=32 and a long context that is most of a job's
+check decodes eager again, twice or more (lockstep.exact), and at bs=32 and a long context that is most of a job's
 verification. This decodes eager from one prefilled context `--passes` times, fed the same tokens, under
 transformers' SDPA as dispatched (`default`) and restricted to each of torch's SDPA backends, and prints how far
 each pass's logits are from the first's, with the attention and GEMM kernels one step launched.
@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import models  # noqa: E402
 from harness.clock import resolve_device  # noqa: E402
-from harness.measure import verify  # noqa: E402
+from harness.measure import traces  # noqa: E402
 from harness.measure.job import seeded_prompt  # noqa: E402
 from harness.modes.eager import EagerStepper  # noqa: E402
 from tests.support import run_config  # noqa: E402
@@ -35,7 +35,7 @@ def passes_apart(stepper, tokens: torch.Tensor, passes: int) -> list[float]:
     first, apart = None, []
     for _ in range(passes):
         stepper.rewind()
-        logits = verify._forced(stepper, tokens).logits.float()
+        logits = traces.forced(stepper, tokens).logits.float()
         if first is None:
             first = logits
         else:
@@ -65,7 +65,7 @@ def main(overrides: list[str], passes: int, steps: int) -> None:
     model = models.get_model(cfg.model, cfg.dtype.value, "sdpa", device, cfg.seed).model
     prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
     stepper = EagerStepper(model, prompt, cfg.cache_len)
-    tokens = verify._free_run(stepper, steps).tokens
+    tokens = traces.free_run(stepper, steps).tokens
     print(f"{cfg.model.name} bs={cfg.bs} context={cfg.context_len} cache={cfg.cache_len}: {passes} passes of "
           f"{steps} steps each, fed the same tokens from one context")
     for name, backend in BACKENDS.items():

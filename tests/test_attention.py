@@ -252,7 +252,7 @@ def test_a_valid_prefix_backend_runs_verified_against_fp32_on_cpu(attn):
 
 
 def test_verification_decodes_across_a_block_edge_of_the_backend_in_use():
-    from harness.measure.verify import VERIFY_TOKENS, verified_steps
+    from harness.measure.context_check import VERIFY_TOKENS, verified_steps
 
     assert verified_steps("sdpa", 16, 256) == VERIFY_TOKENS  # reads every slot: no edge to cross
     assert verified_steps("flex", 16, 256) == 128 - 16 + 3  # up to two past position 128, where flex's 2nd block starts
@@ -275,12 +275,12 @@ def _newest_slot_dropped_at_block_edges(monkeypatch):
 
 @pytest.mark.slow
 def test_a_fault_at_a_block_edge_fails_the_run_that_32_steps_from_the_context_would_pass(monkeypatch):
-    from harness.measure import verify
+    from harness.measure import context_check
 
     _newest_slot_dropped_at_block_edges(monkeypatch)
     cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=1", "attn=triton-decode", "model.tie_word_embeddings=false",
                      "cache_len=128")
     faulty = measure(cfg)  # verification decodes positions 8..66: position 64 starts a block
     assert faulty.metrics["verified_steps"] == 64 - 8 + 3 and faulty.failure is not None
-    monkeypatch.setattr(verify, "verified_steps", lambda *a: verify.VERIFY_TOKENS)
+    monkeypatch.setattr(context_check, "verified_steps", lambda *a: context_check.VERIFY_TOKENS)
     assert measure(cfg).failure is None  # the old window, positions 8..39, decodes at no edge: the fault passed

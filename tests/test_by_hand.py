@@ -135,23 +135,23 @@ def test_a_kept_fp32_or_plain_reference_serves_only_the_very_same_context():
     token, the fed tokens and the context's slot sums. Two contexts of the same prompt and tokens whose K/V differ in
     one slot: the second must get references computed from its own K/V, as a cold start computes them. Bug caught:
     the key without the slot sums (the first context's references served to a context they were not computed from)."""
-    from harness.measure import references, verify
-    from harness.measure.verify import ContextCopy
+    from harness.measure import fidelity, references, traces
+    from harness.measure.fidelity import ContextCopy
     from harness.modes.eager import EagerStepper
     from tests.support import tiny_fp32
 
     cfg, model, prompt = tiny_fp32()
     with torch.inference_mode():
         run = EagerStepper(model, prompt, cfg.cache_len)
-        trace = verify._free_run(run, 6)
-        context = verify._context_copy(model, run)
+        trace = traces.free_run(run, 6)
+        context = fidelity._context_copy(model, run)
         other = ContextCopy([(k.clone(), v.clone()) for k, v in context.prefix], context.first_ids, context.rows)
         other.prefix[0][0][:, :, 3] += 0.5  # layer 0's keys at slot 3
 
         def both(ctx: ContextCopy) -> tuple[torch.Tensor, torch.Tensor]:
             sums = _slot_sums(ctx.prefix)
-            return (verify._plain_reference(model, prompt, cfg, ctx, trace, sums, 1),
-                    verify._fp32_reference(model, prompt, cfg, ctx, trace, sums))
+            return (fidelity._plain_reference(model, prompt, cfg, ctx, trace, sums, 1),
+                    fidelity._fp32_reference(model, prompt, cfg, ctx, trace, sums))
 
         first = both(context)
         served = both(other)

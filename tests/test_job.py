@@ -11,8 +11,11 @@ from harness.errors import ConfigError
 from harness.measure.job import JobError, measure, seeded_prompt
 from harness.measure.timing import run_steps, timed_decode
 from harness.measure import references
-from harness.measure.verify import (INEXACT_BOUND, RECHECKS, TIE_TOLERANCE, VERIFY_TOKENS, Trace, _decoded_tokens as judge_tokens,
-                            _exact as judge_logits, _free_run, computed_in_fp32, verify)
+from harness.measure.context_check import VERIFY_TOKENS
+from harness.measure.fidelity import INEXACT_BOUND, computed_in_fp32
+from harness.measure.lockstep import RECHECKS, TIE_TOLERANCE, decoded_tokens as judge_tokens, exact as judge_logits
+from harness.measure.traces import Trace, free_run as _free_run
+from harness.measure.verify import verify
 from harness.modes.base import prefill, static_cache
 from harness.modes.eager import EagerStepper
 from harness.measure.stats import step_stats
@@ -219,14 +222,14 @@ def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, pa
 def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, noise, passes):
     # at a long context fp32 checks one or two rows of a batch: plain eager, the bound's unit, decodes those rows
     # from the run's context K/V in a cache of their own, not every row of the batch in the run's cache
-    from harness.measure import verify as verify_module
+    from harness.measure import fidelity, traces
 
-    monkeypatch.setattr(verify_module, "FP32_TOKENS", 16)  # 16 tokens of context 8: two rows of the batch of four
+    monkeypatch.setattr(fidelity, "FP32_TOKENS", 16)  # 16 tokens of context 8: two rows of the batch of four
     decoded_rows = []
-    forced, teacher_forced = verify_module._forced, verify_module._teacher_forced
-    monkeypatch.setattr(verify_module, "_forced", lambda stepper, tokens, k=1: (
+    forced, teacher_forced = traces.forced, fidelity._teacher_forced
+    monkeypatch.setattr(traces, "forced", lambda stepper, tokens, k=1: (
         decoded_rows.append(("steps", stepper.rows, stepper.cache.layers[0].keys.dtype)), forced(stepper, tokens, k))[1])
-    monkeypatch.setattr(verify_module, "_teacher_forced", lambda stepper, tokens: (
+    monkeypatch.setattr(fidelity, "_teacher_forced", lambda stepper, tokens: (
         decoded_rows.append(("forwards", stepper.rows, stepper.cache.layers[0].keys.dtype)),
         teacher_forced(stepper, tokens))[1])
     checks, why = _noisy_run_verified(noise)
@@ -241,9 +244,9 @@ def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, nois
 def test_the_teacher_forced_fp32_reference_is_the_step_by_step_decode(monkeypatch, family, logits_bytes):
     # fp32's logits come from forwards over the run's known tokens: each position must see the history a decode
     # step gives it (the first token, then the tokens fed before it), whatever the chunks, in every family
-    from harness.measure import verify as verify_module
+    from harness.measure import fidelity
 
-    monkeypatch.setattr(verify_module, "FORCED_LOGITS_BYTES", logits_bytes)
+    monkeypatch.setattr(fidelity, "FORCED_LOGITS_BYTES", logits_bytes)
     cfg = run_config(*FAST, "device=cpu", "dtype=bf16", "bs=3", "context_len=12", "cache_len=64",
                      "model.tie_word_embeddings=false", *FAMILIES[family])
     model = models._load(cfg.model, torch.bfloat16, "sdpa", torch.device("cpu"), seed=3)[0]
@@ -251,9 +254,9 @@ def test_the_teacher_forced_fp32_reference_is_the_step_by_step_decode(monkeypatc
     with torch.inference_mode():
         run = EagerStepper(model, prompt, 64)
         tokens = _free_run(run, 20).tokens
-        context = verify_module._context_copy(model, run)
+        context = fidelity._context_copy(model, run)
         with computed_in_fp32(model):
-            step_by_step, forwards = (verify_module._decode_from(model, prompt, cfg, context, tokens,
+            step_by_step, forwards = (fidelity._decode_from(model, prompt, cfg, context, tokens,
                                                                  dtype=torch.float32, step_by_step=by_steps)
                                       for by_steps in (True, False))
     assert forwards.shape == step_by_step.shape == (20, 3, model.config.vocab_size)
@@ -285,7 +288,7 @@ def test_a_rewind_that_clears_the_context_end_fails_only_through_the_context_dig
     # at a long context, the context's last K/V zeroed by every rewind moves the logits little, and the free run and
     # every reference decode from that same damaged context (the fp32 one from a copy of it): only the context's
     # digest, taken after the prefill and kept apart, sees it
-    from harness.measure import verify as verify_module
+    from harness.measure import context_check
 
     cfg = run_config(*FAST, "device=cpu", "bs=2", "context_len=1000", "cache_len=1280",
                      "model.tie_word_embeddings=false", *mode_and_attn)
@@ -296,7 +299,7 @@ def test_a_rewind_that_clears_the_context_end_fails_only_through_the_context_dig
     assert result.failure == ("the context's K/V changed after the prefill: 4 slot sums differ, the first at slot 999 "
                               "of layer 0's keys: a decode, a rewind or a check wrote before the context's end")
     assert result.metrics["context_intact"] == 0.0 and result.metrics["verified"] == 0.0
-    monkeypatch.setattr(verify_module, "_context_changed", lambda stepper, digest, metrics: None)
+    monkeypatch.setattr(context_check, "context_changed", lambda stepper, digest, metrics: None)
     assert measure(cfg).failure is None  # what the checks before it let through
 
 

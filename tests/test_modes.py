@@ -88,7 +88,7 @@ def test_a_capture_warm_up_writes_after_a_kept_context_and_inside_the_cache(monk
     at a cache sized for the context and two replays, prefilled as the context a job keeps for the next, writes
     neither past the cache (three replays from the context would) nor over the context. The capture's own CUDA parts
     are stood in for on the CPU (the side stream's calls made here, a graph that runs nothing)."""
-    from harness.measure.verify import context_digest
+    from harness.measure.context_check import context_digest
     from harness.modes import graphed
 
     cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=1", "mode=graphed", "graph_steps=8", "cache_len=24")

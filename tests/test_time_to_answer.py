@@ -121,7 +121,7 @@ def test_a_job_times_the_blocks_its_rule_asks_for_and_says_which_rule_stopped_it
 
 def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_its_own_decode(monkeypatch):
     # the path of every mode but plain eager: one eager pass computed, kept as both references
-    monkeypatch.setattr("harness.measure.job.loop_serves_as_reference", lambda stepper, exact: False)
+    monkeypatch.setattr("harness.measure.references.loop_serves_as_reference", lambda stepper, exact: False)
     cfg = run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false")
     start = references.hits["computed"]
     first = measure(cfg)
@@ -144,7 +144,7 @@ def test_the_next_job_of_a_shape_times_blocks_as_long_as_the_kept_loop_so_that_i
              "model.tie_word_embeddings=false"]
     eager = measure(run_config(*shape, "time_budget_s=0.001"))
     assert eager.failure is None and eager.metrics["block_steps"] == 32
-    monkeypatch.setattr("harness.measure.job.loop_serves_as_reference", lambda stepper, exact: False)  # as graphed
+    monkeypatch.setattr("harness.measure.references.loop_serves_as_reference", lambda stepper, exact: False)  # as graphed
     computed = references.hits["computed"]
     follower = measure(run_config(*shape))
     assert follower.failure is None and follower.metrics["block_steps"] == 32 and len(follower.step_ms) == 32
@@ -163,10 +163,10 @@ EAGER_LOOP = [*FAST, "device=cpu", "dtype=fp32", "bs=2", "warmup=2", "decode_tok
 
 
 def test_plain_eagers_loop_is_its_own_reference_and_no_eager_step_is_taken_again(monkeypatch):
-    from harness.measure import verify
+    from harness.measure import lockstep
 
     passes = []
-    monkeypatch.setattr(verify, "_token_gaps", lambda *a, **kw: passes.append(1))  # the eager pass it replaces
+    monkeypatch.setattr(lockstep, "_token_gaps", lambda *a, **kw: passes.append(1))  # the eager pass it replaces
     start = references.hits["computed"]
     first = measure(run_config(*EAGER_LOOP))
     assert first.failure is None and first.metrics["verified"] == 1.0 and first.metrics["tokens_match"] == 1.0
@@ -207,7 +207,7 @@ def _runner_up_at(decoded: torch.Tensor, logits: list[torch.Tensor], step: int, 
 
 def test_the_free_run_follows_the_loops_tokens_and_a_graph_that_feeds_itself_its_own():
     from harness.measure.timing import run_steps
-    from harness.measure.verify import _forced, _free_run
+    from harness.measure.traces import forced as _forced, free_run as _free_run
 
     _, model, prompt = tiny_fp32()
     with torch.inference_mode():
@@ -232,7 +232,7 @@ def test_a_run_whose_greedy_path_would_leave_the_loops_is_checked_in_one_eager_p
     flipped a near-tie in the loop, and paid a second pass; following the loop's tokens, it pays none, and the
     loop's odd token is still judged by the token check (which, before failing it, measures eager's variation
     over the loop's history in 1 + RECHECKS more passes)."""
-    from harness.measure import verify
+    from harness.measure import context_check, lockstep, traces, verify
     from harness.measure.timing import run_steps
 
     class Run(EagerStepper):  # a mode's stepper: not plain eager, so its loop is not its own reference
@@ -240,19 +240,19 @@ def test_a_run_whose_greedy_path_would_leave_the_loops_is_checked_in_one_eager_p
 
     cfg, model, prompt = tiny_fp32()
     forced, gaps = [], []  # forced: eager's lockstep decodes (the free run, fed the loop's tokens, runs on the Run)
-    real_forced, real_gaps = verify._forced, verify._token_gaps
-    monkeypatch.setattr(verify, "_forced", lambda stepper, *a, **kw: (type(stepper) is EagerStepper and forced.append(1))
+    real_forced, real_gaps = traces.forced, lockstep._token_gaps
+    monkeypatch.setattr(traces, "forced", lambda stepper, *a, **kw: (type(stepper) is EagerStepper and forced.append(1))
                         or real_forced(stepper, *a, **kw))
-    monkeypatch.setattr(verify, "_token_gaps", lambda *a, **kw: gaps.append(1) or real_gaps(*a, **kw))
+    monkeypatch.setattr(lockstep, "_token_gaps", lambda *a, **kw: gaps.append(1) or real_gaps(*a, **kw))
     with torch.inference_mode():
         stepper = Run(model, prompt, cfg.cache_len)
         kept = []
-        decoded = _runner_up_at(run_steps(stepper, verify.VERIFY_TOKENS + 2, kept), kept, step=3, row=1)
+        decoded = _runner_up_at(run_steps(stepper, context_check.VERIFY_TOKENS + 2, kept), kept, step=3, row=1)
         references.new_job()
         metrics, failure = verify.verify(model, prompt, stepper, cfg, True, decoded)
     assert forced == [] and metrics["max_logit_diff"] == 0.0  # the lockstep's reference: the token check's pass
     assert failure.startswith("the decoded token at step 3 ") and metrics["tokens_match"] == 0.0
-    assert len(gaps) == 2 + verify.RECHECKS  # that pass, and more over the same history to measure eager's variation
+    assert len(gaps) == 2 + lockstep.RECHECKS  # that pass, and more over the same history to measure eager's variation
 
 
 def test_a_loop_that_feeds_other_than_its_argmax_fails_against_its_own_logits(monkeypatch):
@@ -406,7 +406,9 @@ def _a_job_that_measured_eager_varying():
     the model, prompt, stepper, that run, and the job's metrics (eager's measured variation among them)."""
     import torch
 
-    from harness.measure.verify import VERIFY_TOKENS, _exact, _free_run
+    from harness.measure.context_check import VERIFY_TOKENS
+    from harness.measure.lockstep import exact as _exact
+    from harness.measure.traces import free_run as _free_run
     from harness.modes.eager import EagerStepper
     from tests.support import tiny_fp32
 
@@ -429,7 +431,8 @@ def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_
     eager step; a run beyond it is judged again on eager decodes in its own cache (steady here), and fails."""
     import torch
 
-    from harness.measure.verify import Trace, _exact
+    from harness.measure.lockstep import exact as _exact
+    from harness.measure.traces import Trace
 
     model, prompt, stepper, clean, earlier = _a_job_that_measured_eager_varying()
     calls = []
@@ -459,7 +462,9 @@ def test_a_variation_an_earlier_job_measured_serves_a_run_that_fed_other_tokens_
     on variation measured again in its own cache (steady here), and fails."""
     import torch
 
-    from harness.measure.verify import VERIFY_TOKENS, _eager_in, _exact, _forced
+    from harness.measure.context_check import VERIFY_TOKENS
+    from harness.measure.lockstep import exact as _exact
+    from harness.measure.traces import eager_in as _eager_in, forced as _forced
 
     model, prompt, stepper, clean, earlier = _a_job_that_measured_eager_varying()
     passes = []
@@ -490,7 +495,8 @@ def test_the_token_check_takes_the_variation_the_lockstep_measured_before_decodi
     the rechecks (steady here) find none, and the same token fails."""
     import torch
 
-    from harness.measure.verify import RECHECKS, TIE_TOLERANCE, _decoded_tokens, _free_run
+    from harness.measure.lockstep import RECHECKS, TIE_TOLERANCE, decoded_tokens as _decoded_tokens
+    from harness.measure.traces import free_run as _free_run
     from harness.modes.eager import EagerStepper
     from tests.support import tiny_fp32
 
@@ -599,10 +605,10 @@ def test_a_kept_context_that_changed_after_its_job_is_prefilled_again_and_a_fail
     assert all(torch.equal(a, b) for a, b in zip(
         [t[:, :, :40] for layer in kept_context._kept[0].cache.layers for t in (layer.keys, layer.values)],
         _fresh_context(run_config(*KEPT), "sdpa")))
-    from harness.measure import verify
+    from harness.measure import lockstep
 
     with monkeypatch.context() as patch:  # a run that fails a check, with no fault in its stepper
-        patch.setattr(verify, "_exact", lambda *args: "a check's failure")
+        patch.setattr(lockstep, "exact", lambda *args: "a check's failure")
         failed = measure(run_config(*KEPT))
     assert failed.failure == "a check's failure" and failed.metrics["prefill_reused"] == 1.0 and not kept_context._kept
     assert measure(run_config(*KEPT)).metrics["prefill_reused"] == 0.0

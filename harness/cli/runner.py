@@ -1,5 +1,5 @@
 """One job, run and recorded: its record, its measurement, result.json, then the store. Shared by the
-Hydra task (harness/app.py) and `harness rerun`. Every failure becomes a FAILED record with its reason;
+Hydra task (harness/cli/app.py) and `harness rerun`. Every failure becomes a FAILED record with its reason;
 nothing is raised to the caller but an interrupt, so one job's failure never stops a sweep."""
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ class AttentionSpec:
     block: int = 1  # the slots a valid-prefix backend reads at a time: cache_len must be whole blocks where > 1
     cache_in_blocks: bool = False  # cache_len must be a multiple of `block`
     # Slots between the positions at which its reads change shape (a new block or KV chunk begins): verification
-    # decodes across at least one such position (harness/measure/verify.py, verified_steps)
+    # decodes across at least one such position (harness/measure/context_check.py, verified_steps)
     edge: int = 1
     # Computes decode attention as the reference does (transformers' sdpa, whose fp32 run is verification's
     # reference): a run's logits then compare bit for bit with eager's. Any other backend is also judged

@@ -14,7 +14,7 @@ model is built with it.
   prefix. The position stays on the device (the step's position_ids), so a step has no host sync and can be
   captured in a CUDA graph. On a GPU it runs compiled (Inductor's flex-decoding kernel); on a CPU it runs
   flex's unfused reference, which is slow but exact enough for tests.
-- `triton-decode`: a split-KV decode kernel in Triton (harness/triton_decode.py): reads only the valid
+- `triton-decode`: a split-KV decode kernel in Triton (harness/kernels/triton_decode.py): reads only the valid
   prefix, cut into chunks that fill the GPU even at bs=1, in two launches a layer. On a CPU it runs in
   Triton's interpreter (tests).
 """

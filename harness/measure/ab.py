@@ -25,7 +25,7 @@ import torch
 from harness.clock import resolve_device
 from harness.config.schema import RunConfig
 from harness.measure.environment import environment_tags
-from harness.measure.job import JobError, run_phases, seeded_prompt
+from harness.measure.job import JobError, prefill, prepare, seeded_prompt, warm_up
 from harness.measure.stats import clock_failure, decode_metrics
 from harness.measure.timing import DecodeTiming, run_steps, timed_decode
 from harness.models import get_model
@@ -139,13 +139,19 @@ def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple
     return blocks, tuple((arm.prepare_ms, arm.prepared) for arm in (arm_a, arm_b)), environment
 
 
+def _quiet(phase: str) -> None:
+    """An arm's phases, not reported one by one (the A/B reports its pairs)."""
+
+
 def _prepare(arm: Arm, device: torch.device):
     cfg = arm.cfg
     mode = spec(cfg.mode).mode_class()()
     loaded = get_model(cfg.model, cfg.dtype.value, cfg.attn, device, cfg.seed)
     prompt = seeded_prompt(cfg.bs, cfg.context_len, loaded.model.config.vocab_size, cfg.seed, device)
     phases: dict[str, float] = {}
-    stepper, *_ = run_phases(cfg, loaded.model, mode, prompt, device, lambda phase: None, phases)
+    stepper = prepare(cfg, loaded.model, mode, prompt, device, _quiet, phases)
+    prefill(cfg, loaded.model, stepper, prompt, device, _quiet, phases)
+    warm_up(cfg, stepper, device, _quiet, phases)
     arm.prepare_ms = phases["prepare_ms"]
     if "compile_cache" in stepper.tags:  # a compiled arm: were its kernels compiled here, or read from the cache?
         arm.prepared.append(stepper.tags["compile_cache"])

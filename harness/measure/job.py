@@ -1,6 +1,9 @@
-"""One job, start to finish: build → prefill → capture → warm up → timed decode → check → result.
+"""One job, start to finish: build → prepare → prefill → warm up → time → verify → result.
 
-Pure measurement: no Hydra, no MLflow. The result is a Measurement; the caller records it.
+Pure measurement: no Hydra, no MLflow. The result is a Measurement; the caller records it. `measure` builds the
+model, and `_decode` runs the other phases, a call each, in that order. What a job takes from the jobs before it and
+leaves to the next (eager references, plain eager's own loop as its reference, the kept context) is asked of one
+object, references.JobReferences, before and after the timed loop, which itself knows nothing of it.
 """
 from __future__ import annotations
 
@@ -25,11 +28,11 @@ from harness.modes.base import DecodeMode, pad_rows
 from harness.progress import say
 from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
-from harness.measure import mutations, references
+from harness.measure import mutations, references, timing
+from harness.measure.context_check import context_digest, context_fills, verified_steps
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
-from harness.measure.timing import run_steps, timed_decode, warm_up
-from harness.measure.verify import (context_digest, context_fills, loop_reference, loop_serves_as_reference,
-                                   verified_steps, verify)
+from harness.measure.timing import DecodeTiming, run_steps, timed_decode
+from harness.measure.verify import verify
 
 
 SLOW_MS = 20.0  # what HARNESS_INJECT_FAULT=slow adds to each step
@@ -89,44 +92,158 @@ def inject_fault(cfg: RunConfig, stepper=None) -> None:
 
 def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch.device, on_phase,
             artifacts_dir: Path | None) -> Measurement:
+    """The phases after the build, in order: prepare, prefill, warm up, time, verify. The references the job keeps
+    and takes (references.JobReferences) are asked for between them: the first timed block is timed on its own so
+    that plain eager's loop is kept as its own check's reference before the rest, outside any clock."""
     model = loaded.model
     prompt = seeded_prompt(cfg.bs, cfg.context_len, model.config.vocab_size, cfg.seed, device)
     phases = {"build_ms": loaded.build_ms}
-    stepper, warm_tokens, kept = run_phases(cfg, model, mode, prompt, device, on_phase, phases, keep_loop_logits=True)
-    loop = []  # plain eager's loop as its own check's reference (verify.LoopReference), built after the first block
-    checked = verified_steps(cfg.attn, cfg.context_len, cfg.cache_len)
+    stepper = prepare(cfg, model, mode, prompt, device, on_phase, phases)
+    filled_by = prefill(cfg, model, stepper, prompt, device, on_phase, phases)
+    kept = references.JobReferences(model, prompt, stepper, mode.exact,
+                                     verified_steps(cfg.attn, cfg.context_len, cfg.cache_len),
+                                     context_offer=(phases["prefill_tokens_per_s"], filled_by))
+    warm_tokens = warm_up(cfg, stepper, device, on_phase, phases, keep_logits=kept.loop_logits)
     # the lockstep's steps past the warm-up, decoded in the first block too: one eager pass serves both checks
-    steps = _block_steps(cfg, phases.get("warmup_pace_ms"), checked - warm_tokens.shape[0], stepper.tags,
-                         _kept_loop_steps(model, prompt, stepper, mode.exact, warm_tokens.shape[0]))
+    steps = _block_steps(cfg, phases.get("warmup_pace_ms"), kept.steps_checked - warm_tokens.shape[0], stepper.tags,
+                         kept.kept_loop_steps(warm_tokens.shape[0]))
+    timed = TimedBlocks(cfg, steps, stepper, device, on_phase)
+    decoded = torch.cat([warm_tokens, timed.first(keep_logits=kept.loop_logits).tokens])
+    kept.keep_loop(decoded)
+    blocks = timed.rest()
+    metrics, arch = _metrics(cfg, model, stepper, device, phases, timed, decoded)
+    _profile(cfg, stepper, device, on_phase, metrics, artifacts_dir)
+    on_phase("verify")
+    with stopwatch(device, metrics, "verify_ms"):
+        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, decoded, kept,
+                                 _recorded_choices(stepper, blocks))
+    metrics.update(checks)
+    failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
+    return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
+                       loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
-    def first_block(block) -> None:
-        loop.append(loop_reference(kept, torch.cat([warm_tokens, block.tokens]), checked))
-        kept.clear()
 
-    load = LoadProbe()
-    blocks, gpu = _timed_blocks(cfg, steps, stepper, device, on_phase, kept,
-                                first_block if kept is not None else None, load)
+def prepare(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict):
+    """The mode's preparation (a capture, a compile; untimed): its stepper, wrapped in a test's fault where one is
+    asked for (mutations), its cache allocated first: it lives outside any graph pool."""
+    on_phase(mode.prepare_phase)
+    mutation = mutations.requested(cfg.mode, cfg.attn)
+    with nvtx_range(mode.prepare_phase, device.type == "cuda"), stopwatch(device, phases, "prepare_ms"):
+        if mutation:  # a test's fault, active in the capture too
+            with mutations.patched(model, mutation):
+                stepper = mutations.MutatedStepper(mode.prepare(model, prompt, cfg), mutation)
+            stepper.tags["mutation"] = mutation
+        else:
+            stepper = mode.prepare(model, prompt, cfg)
+    inject_fault(cfg, stepper)
+    phases["graph_mem_mb"] = stepper.graph_bytes / MiB
+    return stepper
+
+
+def prefill(cfg: RunConfig, model, stepper, prompt, device, on_phase, phases: dict) -> str:
+    """A fresh prefill of the context, or the one an earlier job kept (adopt_or_prefill), and the digest
+    verification finds the context intact against. Returns the label of the job whose prefill the context is."""
+    on_phase("prefill")
+    with nvtx_range("prefill", device.type == "cuda"), stopwatch(device, phases, "prefill_ms"):
+        filled = adopt_or_prefill(model, stepper, prompt)
+    # time to first token at this context: its own prefill's, or that of the earlier job's that filled it
+    phases["prefill_tokens_per_s"] = (prompt.numel() / phases["prefill_ms"] * 1e3 if filled is None
+                                      else filled.prefill_tokens_per_s)
+    phases["prefill_reused"] = float(filled is not None)
+    if filled is not None:
+        stepper.tags["context_from"] = filled.filled_by
+    stepper.prefilled_context_digest = context_digest(stepper)  # what verification finds the context intact against
+    return cfg.label if filled is None else filled.filled_by
+
+
+def warm_up(cfg: RunConfig, stepper, device, on_phase, phases: dict,
+            keep_logits: list | None = None) -> torch.Tensor:
+    """The untimed warm-up (timing.warm_up): the tokens it decoded; each call's logits to `keep_logits` where given
+    (plain eager's loop as its own reference), and each call's best logit and its recorded token's, for
+    verification (context_check.recorded_tokens)."""
+    on_phase("warmup")
+    with nvtx_range("warmup", device.type == "cuda"), stopwatch(device, phases, "warmup_ms"):
+        choices: list[torch.Tensor] = []
+        warm_tokens, pace_ms = timing.warm_up(stepper, cfg.warmup, device, keep_logits, choices)
+    stepper.warm_choices = torch.stack(choices) if choices else torch.empty(0, 2, stepper.bs)
+    if pace_ms is not None:
+        phases["warmup_pace_ms"] = pace_ms  # ms a step over the warm-up's second half: what sizes a timed block
+    return warm_tokens
+
+
+class TimedBlocks:
+    """Timed blocks of `steps` tokens, each from the prefilled context and after a warm-up (the first's were done
+    before), until `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read
+    at their start and end and its energy counter around each, and the machine's load sampled at each block's start
+    and end (between blocks, never inside one). The rule that stopped is the tag `stopped_by`. The first block is
+    timed on its own (`first`), so that the job can take what it keeps of it before the rest (`rest`)."""
+
+    def __init__(self, cfg: RunConfig, steps: int, stepper, device: torch.device, on_phase):
+        self.cfg, self.steps, self.stepper, self.device, self.on_phase = cfg, steps, stepper, device, on_phase
+        self.blocks: list[DecodeTiming] = []
+        self.gpu, self.load, self.spent_s, self.started = GpuState(device), LoadProbe(), 0.0, 0.0
+        self.gpu.read("start")
+
+    def first(self, keep_logits: list | None = None) -> DecodeTiming:
+        """The first block; `keep_logits` receives each of its calls' logits (timed_decode: no copy, no sync)."""
+        self.started = time.perf_counter()
+        return self._block(keep_logits)
+
+    def rest(self) -> list[DecodeTiming]:
+        """More blocks, each after a rewind and a warm-up, until the stop rule says enough; every block timed. A
+        block's time for the rule runs from its start to the rule's reading (the first's: whatever the job did
+        between the two calls included)."""
+        while not self._stopped(time.perf_counter() - self.started):
+            self.started = time.perf_counter()
+            self.stepper.rewind()  # the same context; decode rewrites only the slots after it
+            run_steps(self.stepper, self.cfg.warmup)
+            self._block()
+        self.gpu.read("end")
+        return self.blocks
+
+    def _block(self, keep_logits: list | None = None) -> DecodeTiming:
+        cfg = self.cfg
+        self.on_phase(f"decode (block {len(self.blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
+        energy = self.gpu.energy()
+        self.load.sample()
+        with nvtx_range("decode", self.device.type == "cuda"):
+            self.blocks.append(timed_decode(self.stepper, self.steps, self.device, keep_logits))  # ends in a sync
+        self.load.sample()
+        self.gpu.add_block(energy)
+        return self.blocks[-1]
+
+    def _stopped(self, block_s: float) -> bool:
+        self.spent_s += block_s
+        why = stop_reason(self.cfg, [b.step_ms for b in self.blocks], self.spent_s, block_s)
+        if why is not None:
+            self.stepper.tags["stopped_by"] = why
+        return why is not None
+
+
+def _metrics(cfg: RunConfig, model, stepper, device, phases: dict, timed: TimedBlocks,
+             decoded: torch.Tensor) -> tuple[dict, dict]:
+    """The timed blocks' figures, the phases' times, the GPU's state and the load during timing, and the model's
+    speed of light at this shape; and the model's architecture."""
+    blocks = timed.blocks
     metrics = {**decode_metrics(blocks, cfg.bs), **phases, **_peaks(device), **stepper.metrics,
-               "block_steps": float(steps), "token_repeat_fraction": token_repeat_fraction(torch.cat([warm_tokens, blocks[0].tokens]))}
-    metrics.update(gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
-    _mark_noisy(cfg, load, metrics, stepper.tags)
+               "block_steps": float(timed.steps), "token_repeat_fraction": token_repeat_fraction(decoded)}
+    metrics.update(timed.gpu.results(sum(b.n_tokens for b in blocks) * cfg.bs, stepper.tags))
+    _mark_noisy(cfg, timed.load, metrics, stepper.tags)
     arch = _architecture(model)
     metrics["parameters"] = float(arch["parameters"])  # the model's size, an axis of the reports
-    metrics.update(_speed_of_light(arch, cfg, steps, device, metrics["step_ms_median"], stepper.tags, stepper.rows))
+    metrics.update(_speed_of_light(arch, cfg, timed.steps, device, metrics["step_ms_median"], stepper.tags,
+                                   stepper.rows))
+    return metrics, arch
+
+
+def _profile(cfg: RunConfig, stepper, device, on_phase, metrics: dict, artifacts_dir: Path | None) -> None:
+    """The profiler's pass over a few steps, where cfg.profile asks for it (on a GPU only)."""
     if cfg.profile and device.type == "cuda":
         on_phase("profile")
         metrics.update(profile_steps(stepper, cfg.profile_steps, artifacts_dir))
     elif cfg.profile:
         stepper.tags["profile"] = "skipped: the profiler pass times CUDA kernels, and this job ran on the CPU"
         on_phase(f"profile {stepper.tags['profile']}")
-    on_phase("verify")
-    with stopwatch(device, metrics, "verify_ms"):
-        checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]),
-                                 loop[0] if loop else None, _recorded_choices(stepper, blocks))
-    metrics.update(checks)
-    failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
-    return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
-                       loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
 
 def _recorded_choices(stepper, blocks) -> list:
@@ -164,90 +281,6 @@ def _block_steps(cfg: RunConfig, pace_ms: float | None, at_least: int, tags: dic
     return steps
 
 
-def _kept_loop_steps(model, prompt, stepper, exact: bool, warm_tokens: int) -> int | None:
-    """The steps past the warm-up of the loop an earlier job of this shape, prompt and first token left as the token
-    check's reference (plain eager's own loop, in a sweep), where this run's check is eager's (an exact mode)."""
-    if not exact:
-        return None
-    kept = references.kept_length("gaps", references.shape_of(model, stepper), [prompt, stepper.first_ids])
-    return None if kept is None else kept - warm_tokens
-
-
-def _timed_blocks(cfg: RunConfig, steps: int, stepper, device, on_phase, keep_logits: list | None = None,
-                  first_block: Callable | None = None, load: LoadProbe | None = None) -> tuple[list, GpuState]:
-    """Timed blocks of `steps` tokens, each from the prefilled context and after a warm-up (the first's were done
-    before), until `stop_reason` says enough (cfg.stop: `repeats` blocks, or adaptively), with the GPU's state read
-    at their start and end and its energy counter around each (between blocks). The rule that stopped is the tag
-    `stopped_by`.
-    The first block's logits go to `keep_logits`, and `first_block(timing)` runs after it, outside the clock; `load`
-    samples the machine's load at each block's start and end."""
-    blocks, gpu, spent_s = [], GpuState(device), 0.0
-    load = load or LoadProbe()
-    gpu.read("start")
-    while True:
-        started = time.perf_counter()
-        if blocks:
-            stepper.rewind()  # the same context; decode rewrites only the slots after it
-            run_steps(stepper, cfg.warmup)
-        on_phase(f"decode (block {len(blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
-        energy = gpu.energy()
-        load.sample()
-        with nvtx_range("decode", device.type == "cuda"):
-            blocks.append(timed_decode(stepper, steps, device, None if blocks else keep_logits))  # ends in a sync
-        load.sample()
-        gpu.add_block(energy)
-        if first_block is not None and len(blocks) == 1:
-            first_block(blocks[0])
-        block_s = time.perf_counter() - started
-        spent_s += block_s
-        if (why := stop_reason(cfg, [b.step_ms for b in blocks], spent_s, block_s)) is not None:
-            stepper.tags["stopped_by"] = why
-            break
-    gpu.read("end")
-    return blocks, gpu
-
-
-def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase, phases: dict,
-               keep_loop_logits: bool = False):
-    """The untimed phases before decode: the mode's preparation, a fresh prefill, the warm-up. Returns the
-    stepper, the tokens its warm-up decoded, and, where asked and the loop is plain eager (its own check's
-    reference), the warm-up's logits in a list the first timed block extends (else None)."""
-    cuda = device.type == "cuda"
-    on_phase(mode.prepare_phase)
-    mutation = mutations.requested(cfg.mode, cfg.attn)
-    with nvtx_range(mode.prepare_phase, cuda), stopwatch(device, phases, "prepare_ms"):
-        if mutation:  # a test's fault, active in the capture too
-            with mutations.patched(model, mutation):
-                stepper = mutations.MutatedStepper(mode.prepare(model, prompt, cfg), mutation)
-            stepper.tags["mutation"] = mutation
-        else:
-            stepper = mode.prepare(model, prompt, cfg)  # allocates the cache first: it lives outside any graph pool
-    inject_fault(cfg, stepper)
-    phases["graph_mem_mb"] = stepper.graph_bytes / MiB
-    on_phase("prefill")
-    with nvtx_range("prefill", cuda), stopwatch(device, phases, "prefill_ms"):
-        filled = adopt_or_prefill(model, stepper, prompt)
-    # time to first token at this context: its own prefill's, or that of the earlier job's that filled it
-    phases["prefill_tokens_per_s"] = (prompt.numel() / phases["prefill_ms"] * 1e3 if filled is None
-                                      else filled.prefill_tokens_per_s)
-    phases["prefill_reused"] = float(filled is not None)
-    if filled is not None:
-        stepper.tags["context_from"] = filled.filled_by
-    stepper.prefilled_context_digest = context_digest(stepper)  # what verification finds the context intact against
-    # what the job hands the next one with its cache, where verification keeps it (verify.keep_or_release)
-    stepper.context_offer = (phases["prefill_tokens_per_s"], filled.filled_by if filled is not None else cfg.label)
-    on_phase("warmup")
-    with nvtx_range("warmup", cuda), stopwatch(device, phases, "warmup_ms"):
-        kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None
-        choices: list[torch.Tensor] = []
-        warm_tokens, pace_ms = warm_up(stepper, cfg.warmup, device, kept, choices)
-    # each warm-up call's best logit and its recorded token's, for verification (verify.recorded_tokens)
-    stepper.warm_choices = torch.stack(choices) if choices else torch.empty(0, 2, stepper.bs)
-    if pace_ms is not None:
-        phases["warmup_pace_ms"] = pace_ms  # ms a step over the warm-up's second half: what sizes a timed block
-    return stepper, warm_tokens, kept
-
-
 def adopt_or_prefill(model, stepper, prompt: torch.Tensor) -> kept_context.Filled | None:
     """Prefill the stepper's context, or, where its cache is the one an earlier job kept and that job's prefill
     read this very prompt with these weights, prefill attention, rows, capacity and dtype (context_fills), decode
@@ -266,7 +299,7 @@ def adopt_or_prefill(model, stepper, prompt: torch.Tensor) -> kept_context.Fille
 
 def _speed_of_light(arch: dict, cfg: RunConfig, steps: int, device: torch.device, median_ms: float, tags: dict,
                     rows: int) -> dict[str, float]:
-    """Useful bytes and FLOPs per step (harness/roofline.py) over the `steps` positions a block timed, what this
+    """Useful bytes and FLOPs per step (harness/measure/roofline.py) over the `steps` positions a block timed, what this
     implementation moves instead, and on a GPU the floor they set and how close the run came to it."""
     k = cfg.graph_steps
     first = cfg.context_len + round_up(cfg.warmup, k)  # the slot of the first timed step's token

@@ -12,6 +12,10 @@ after another job's prefill, so a prefill of the run's own that went wrong shows
 run's cache would share the fault. Where the run decodes from the context that other job filled (handed over with
 its cache: harness/modes/kept_context.py), it ran no prefill of its own, and both decode from that one context,
 which the hand-over checks (the prompt and what else decides it, and its slot sums).
+
+A job asks for all of this through one object, JobReferences: before its timed loop, the list plain eager's own loop
+keeps its logits in (that loop is its own check's reference, LoopReference) and how far a loop an earlier job kept
+reaches; after its first timed block, to keep that loop; at verification, the loop and the context it offers.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from harness.modes.eager import EagerStepper
 
 _MODEL_TOKEN = "_harness_reference_token"  # a model object's own id: id() is reused once an object is freed
 
@@ -168,3 +174,76 @@ def _to(value, device: torch.device):
     if isinstance(value, tuple):
         return tuple(_to(v, device) for v in value)
     return type(value)(**{k: _to(v, device) for k, v in vars(value).items()})
+
+
+@dataclass
+class LoopReference:
+    """Plain eager's own loop (warm-up and first timed block), kept as the reference its checks would otherwise
+    decode again: an eager decode fed the loop's tokens is that very loop, the same kernels over the same history."""
+
+    logits: torch.Tensor  # [steps, bs, vocab]: the first verified steps' logits
+    # as lockstep's token gaps: (gap, chosen, best), each [steps, bs]
+    gaps: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def loop_serves_as_reference(stepper, exact: bool) -> bool:
+    """Whether the run's loop is plain eager itself (no other stepper, no test's mutation wrapping it)."""
+    return exact and type(stepper) is EagerStepper
+
+
+def loop_reference(logits: list[torch.Tensor], decoded: torch.Tensor, steps: int) -> LoopReference:
+    """The loop's logits, a call each [bs, vocab], and the tokens it decoded [calls, bs]: the first `steps` logits
+    stacked, and how far below each step's best logit the token fed after it ranks (0 where the loop fed its argmax;
+    more where its feeding went wrong)."""
+    if len(logits) != decoded.shape[0]:
+        raise ValueError(f"the loop kept {len(logits)} logits for {decoded.shape[0]} decoded steps")
+    return LoopReference(torch.stack(logits[:steps]), gaps_of(logits, decoded))
+
+
+def gaps_of(step_logits, decoded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How far below each step's best logit the token decoded at it ranks, that token's logit and the best, each
+    [steps, bs] in fp32, from each step's logits [bs, vocab] in turn (the whole [steps, bs, vocab] is never widened)."""
+    chosen, best = [], []
+    for out, tokens in zip(step_logits, decoded):
+        logits = out.float()
+        best.append(logits.max(dim=-1).values)
+        chosen.append(logits.gather(-1, tokens[:, None])[:, 0])
+    chosen_logits, best_logits = torch.stack(chosen), torch.stack(best)
+    return best_logits - chosen_logits, chosen_logits, best_logits
+
+
+class JobReferences:
+    """What one job takes from the jobs before it and leaves to the next, asked for around its timed loop, so that
+    the loop itself knows nothing of it:
+    - before timing: `loop_logits`, the list the warm-up and the first timed block append each call's logits to where
+      the loop is plain eager's own (else None), and `kept_loop_steps`, how far an earlier job's kept loop reaches,
+      which a block decodes as far as, so that the kept reference serves this job's check;
+    - after the first timed block, outside its clock: `keep_loop`, which turns those logits into `loop`, the
+      LoopReference the lockstep takes instead of decoding eager again;
+    - at verification: `loop`, and `context_offer`, what the job hands the next one with its cache where the check
+      keeps it (context_check.keep_or_release)."""
+
+    def __init__(self, model: torch.nn.Module, prompt: torch.Tensor, stepper, exact: bool, steps_checked: int,
+                 context_offer: tuple[float, str] | None = None):
+        self.model, self.prompt, self.stepper, self.exact = model, prompt, stepper, exact
+        self.steps_checked = steps_checked  # the steps verification decodes from the context (verified_steps)
+        self.context_offer = context_offer  # (the prefill's tokens a second, the label of the job whose prefill)
+        self.loop_logits: list[torch.Tensor] | None = [] if loop_serves_as_reference(stepper, exact) else None
+        self.loop: LoopReference | None = None
+
+    def kept_loop_steps(self, warm_steps: int) -> int | None:
+        """The steps past the warm-up of the loop an earlier job of this shape, prompt and first token left as the
+        token check's reference (plain eager's own loop, in a sweep), where this run's check is eager's (an exact
+        mode)."""
+        if not self.exact:
+            return None
+        kept = kept_length("gaps", shape_of(self.model, self.stepper), [self.prompt, self.stepper.first_ids])
+        return None if kept is None else kept - warm_steps
+
+    def keep_loop(self, decoded: torch.Tensor) -> None:
+        """After the first timed block: the logits the warm-up and that block kept, and the tokens they decoded
+        [steps, bs], become the loop's reference; the list is emptied (the reference holds what it needs)."""
+        if self.loop_logits is None:
+            return
+        self.loop = loop_reference(self.loop_logits, decoded, self.steps_checked)
+        self.loop_logits.clear()

@@ -193,7 +193,7 @@ class Stepper:
 class DecodeMode:
     name: ClassVar[str]
     needs_cuda: ClassVar[bool] = False
-    # Every run proves its decode (harness/verify.py). Exact modes run eager's very kernels, so their logits
+    # Every run proves its decode (harness/measure/verify.py). Exact modes run eager's very kernels, so their logits
     # must equal eager's bit for bit; inexact ones (other kernels, other rounding) are judged against fp32.
     exact: ClassVar[bool] = True
     prepare_phase: ClassVar[str] = "capture"  # what prepare() does, for the progress line

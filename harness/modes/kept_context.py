@@ -11,7 +11,7 @@ into the taken cache as into a new one. One context is kept at most, between two
 of another size frees it first.
 
 What a context is kept with and judged by (its digest, the conditions to keep one) is the measurement's:
-harness/measure/job.py (`adopt_or_prefill`) and harness/measure/verify.py (`keep_or_release`).
+harness/measure/job.py (`adopt_or_prefill`) and harness/measure/context_check.py (`keep_or_release`).
 """
 from __future__ import annotations
 
