@@ -1,6 +1,7 @@
-"""What the fused benchmarks share: the model and prompt a `mode=fused` job builds, its captured stepper warmed up
-(with the rules' knobs or a variant's), a knob variant read from the command line, and the paired ratio that
-`harness ab` reports. Run from the repository root as `python benchmarks/NAME.py`; this folder is then on the path."""
+"""What the benchmarks share: the config a job would run, the model and prompt a `mode=fused` job builds, its
+captured stepper warmed up (with the rules' knobs or a variant's), a knob variant read from the command line, and
+the paired ratio that `harness ab` reports. Run from the repository root as `python benchmarks/NAME.py`; this folder
+is then on the path."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +11,18 @@ import torch
 
 from harness.cli.precheck import compose_single_run
 from harness.clock import block_ms
+from harness.config.schema import RunConfig
 from harness.kernels.fused.knobs import KNOBS, Knobs
 from harness.measure.job import seeded_prompt
 from harness.measure.stats import paired_ratio_interval
 from harness.measure.timing import calls_for
 from harness.models import get_model
 from harness.modes.fused import FusedMode
+
+
+def run_config(*overrides: str) -> RunConfig:
+    """The config `python -m harness OVERRIDES` runs as one job, composed and validated as the job will be."""
+    return compose_single_run(list(overrides))
 
 
 def fused_model_and_prompt(overrides: list[str]):

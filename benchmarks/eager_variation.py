@@ -24,7 +24,7 @@ from harness.clock import resolve_device  # noqa: E402
 from harness.measure import traces  # noqa: E402
 from harness.measure.job import seeded_prompt  # noqa: E402
 from harness.modes.eager import EagerStepper  # noqa: E402
-from tests.support import run_config  # noqa: E402
+from common import run_config  # noqa: E402  (this folder's: run as a script)
 
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}

@@ -24,7 +24,7 @@ from harness.measure import context_check, fidelity, traces  # noqa: E402
 from harness.measure.job import seeded_prompt  # noqa: E402
 from harness.measure.timing import calls_for  # noqa: E402
 from harness.modes.eager import EagerStepper  # noqa: E402
-from tests.support import run_config  # noqa: E402
+from common import run_config  # noqa: E402  (this folder's: run as a script)
 
 
 @torch.inference_mode()

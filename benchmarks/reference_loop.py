@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import models  # noqa: E402
 from harness.measure.job import measure, seeded_prompt  # noqa: E402
 from harness.modes.base import CACHE_KWARG  # noqa: E402
-from tests.support import run_config  # noqa: E402
+from common import run_config  # noqa: E402  (this folder's: run as a script)
 
 NUM_DECODE_TOKENS = 128
 WARMUP_STEPS = 10

@@ -162,7 +162,8 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path)
 def test_the_benchmarks_share_code_through_common_only():
     """A benchmark is a script: it imports its folder's modules by bare name (`from common import ...`). One
     benchmark importing another (as fused_kernels.py and a sibling once imported each other) ties two scripts
-    together; what two share goes in common.py."""
+    together, and one importing the tests (three took their config from tests/support.py) needs the test suite and
+    pytest to run; what they share goes in common.py."""
     scripts = {path.stem: path for path in (REPO / "benchmarks").glob("*.py")}
 
     def sibling(name: str) -> str | None:
@@ -173,3 +174,5 @@ def test_the_benchmarks_share_code_through_common_only():
     assert "common" in scripts and graph["common"] == set()
     assert {f"{script} imports {target}" for script, targets in graph.items() for target in targets
             if target != "common"} == set()
+    assert [f"{script} imports {name}" for script, path in sorted(scripts.items()) for name in imported_names(path)
+            if name.split(".")[0] == "tests"] == []
