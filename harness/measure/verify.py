@@ -42,7 +42,7 @@ from harness.kernels import ATTENTION, attention_spec
 from harness.modes import kept_context
 from harness.modes.base import CACHE_KWARG, kv_heads_and_dim, pad_rows, prefill_chunk
 from harness.modes.eager import EagerStepper
-from harness.measure import mutations, references
+from harness.measure import layer_gate, mutations, references
 from harness.measure.stats import paired_mean_interval
 from harness.measure.timing import advance, calls_for, recorded_not_argmax
 
@@ -117,6 +117,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
                    or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
             metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
+    # the first step layer by layer against fp32 (harness/measure/layer_gate.py), before fp32's check frees the cache
+    failure = failure or layer_gate.check(model, stepper, cfg, exact, metrics)
     # fp32 is fed the run's tokens, every step's: a stepper that decodes several a call must show each of them
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
