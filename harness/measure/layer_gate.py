@@ -92,8 +92,8 @@ def not_applied(model, stepper, cfg, exact: bool) -> str | None:
         return f"{type(model).__name__} has no model.layers whose outputs a hook can read"
     inner = stepper.inner if isinstance(stepper, MutatedStepper) else stepper
     if _probe(inner) is None:
-        return (f"mode={cfg.mode}'s step ({type(inner).__name__}) is one compiled graph: its layers' outputs are "
-                f"not outputs of the code it times")
+        return (f"mode={cfg.mode}'s step ({type(inner).__name__}) runs other code than its model's layers (Inductor's "
+                f"step is one compiled graph): their outputs are not outputs of the code it times")
     return None
 
 

@@ -117,8 +117,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
                    or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
             metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
-    # the first step layer by layer against fp32 (harness/measure/layer_gate.py), before fp32's check frees the cache
-    failure = failure or layer_gate.check(model, stepper, cfg, exact, metrics)
+    # the first step layer by layer against fp32 (harness/measure/layer_gate.py), while the run's cache is whole
+    gate = layer_gate.check(model, stepper, cfg, exact, metrics)
     # fp32 is fed the run's tokens, every step's: a stepper that decodes several a call must show each of them
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
@@ -126,6 +126,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     behind = int(mutations.requested(cfg.mode, cfg.attn) in mutations.READ_PLAN_FAULTS)  # a test's fault: 1 behind
     if (plan := _read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics, behind)):
         failure = failure or plan
+    failure = failure or gate  # the layer gate's reason where every check above passed
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
                               f"{stepper.tokens_per_step} tokens a call without showing each, so fp32's "

@@ -11,7 +11,7 @@ from harness import models
 from harness.measure import layer_gate, mutations
 from harness.measure.job import measure, seeded_prompt
 from harness.modes.eager import EagerStepper
-from tests.support import FAST, run_config
+from tests.support import FAST, gpu, run_config
 
 FUSED = (*FAST, "device=cpu", "dtype=fp32", "bs=1", "mode=fused", "model.tie_word_embeddings=false")
 
@@ -63,6 +63,7 @@ def test_where_eager_deviates_by_nothing_the_floor_bounds_the_run():
     assert layer_gate.judge([zero], [zero], [zero])[0] == [0.0]
 
 
+@pytest.mark.slow
 def test_an_unmodified_fused_run_passes_the_gate_with_its_ratio_logged():
     """mode=fused's kernels (Triton's interpreter, fp32) judged after each of the tiny model's two layers and at the
     logits, each well inside its bound."""
@@ -74,18 +75,57 @@ def test_an_unmodified_fused_run_passes_the_gate_with_its_ratio_logged():
     assert tags["layer_gate"].startswith("passed: worst "), tags["layer_gate"]
 
 
-@pytest.mark.slow
-def test_the_norm_epsilon_1000x_inside_the_fused_kernels_fails_the_run_at_layer_0(monkeypatch):
+def fused_stepper(kind: str | None = None):
+    """A fused stepper of the tiny fp32 model, built as a job builds it (with `kind`, the registry's fault in force
+    while the mode prepares its kernels, as HARNESS_INJECT_MUTATION=kind has it), prefilled; its config and model."""
+    from harness.modes.fused import FusedMode
+
+    cfg = run_config(*FUSED)
+    model = models.get_model(cfg.model, "fp32", cfg.attn, torch.device("cpu"), 0).model
+    prompt = seeded_prompt(1, cfg.context_len, model.config.vocab_size, 0, torch.device("cpu"))
+    if kind is None:
+        stepper = FusedMode().prepare(model, prompt, cfg)
+    else:
+        with mutations.patched(model, kind):
+            stepper = mutations.MutatedStepper(FusedMode().prepare(model, prompt, cfg), kind)
+    stepper.restart(prompt)
+    return cfg, model, stepper
+
+
+def test_the_unmodified_fused_kernels_pass_the_gate_at_every_layer():
+    with torch.inference_mode():
+        cfg, model, stepper = fused_stepper()
+        metrics = {}
+        assert layer_gate.check(model, stepper, cfg, False, metrics) is None
+    assert 0 < metrics["layer_gate_ratio"] < 0.5 and metrics["layer_gate_stages"] == 3, metrics
+    assert stepper.tags["layer_gate"].startswith("passed: worst ")
+
+
+def test_the_norm_epsilon_1000x_inside_the_fused_kernels_fails_the_gate_at_layer_0(monkeypatch):
     """The registry's fault, built into the real kernels (FusedDecoder's epsilon, read by every norm they compute):
-    the gate names layer 0, where the fault first acts, and its numbers. In bf16 on Qwen3-0.6B this fault passed the
-    logits' check (error 0.183 within 0.834); on a CPU the kernels run in fp32 only (the interpreter's bf16 dot is
-    wrong), so the GPU run shows that part."""
+    the gate's one line names layer 0, where the fault first acts, and its numbers."""
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_norm_eps_1000x")
+    with torch.inference_mode():
+        cfg, model, stepper = fused_stepper(mutations.requested("fused"))
+        assert stepper.inner.decoder.eps == 1000 * model.config.rms_norm_eps  # in the kernels' launches
+        metrics = {}
+        failure = layer_gate.check(model, stepper, cfg, False, metrics)
+    assert failure is not None and failure.startswith("layer gate: layer 0's output deviates from fp32 by "), failure
+    assert " x its bound " in failure and "stages over" in failure
+    assert stepper.tags["layer_gate"] == "failed at layer 0's output" and metrics["layer_gate_ratio"] > 5
+
+
+@pytest.mark.slow
+def test_the_norm_epsilon_1000x_inside_the_fused_kernels_fails_the_run(monkeypatch):
+    """The same fault through a whole job: the run fails, the gate's tag naming layer 0. In fp32 (the only dtype the
+    interpreter's kernels compute right) the logits' check fails it too, and its reason comes first; in bf16 on
+    Qwen3-0.6B the logits' check passed it (error 0.183 within 0.834) and the gate's reason is the run's (the GPU
+    test below)."""
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_norm_eps_1000x")
     result = measure(run_config(*FUSED))
     assert result.mode_tags["mutation"] == "fused_norm_eps_1000x"
     assert result.metrics["verified"] == 0.0 and result.failure is not None
-    assert result.failure.startswith("layer gate: layer 0's output deviates from fp32 by "), result.failure
-    assert " x its bound " in result.failure and "stages over" in result.failure
+    assert result.failure.startswith("logit error against fp32 "), result.failure
     assert result.mode_tags["layer_gate"] == "failed at layer 0's output"
     assert result.metrics["layer_gate_ratio"] > 5
 
@@ -139,5 +179,22 @@ def test_a_compiled_step_says_the_gate_did_not_apply():
     stepper = CompiledStepper(model, eager.input_ids, cfg.cache_len, "default", {})
     metrics = {}
     assert layer_gate.check(model, stepper, cfg, False, metrics) is None and metrics == {}
-    assert stepper.tags["layer_gate"] == ("not applied: mode=compiled-nograph's step (CompiledStepper) is one "
-                                          "compiled graph: its layers' outputs are not outputs of the code it times")
+    assert stepper.tags["layer_gate"] == ("not applied: mode=compiled-nograph's step (CompiledStepper) runs other "
+                                          "code than its model's layers (Inductor's step is one compiled graph): "
+                                          "their outputs are not outputs of the code it times")
+
+
+@pytest.mark.gpu
+@gpu
+def test_on_a_gpu_the_norm_epsilon_1000x_fails_a_bf16_fused_qwen3_run_that_passes_unmodified(monkeypatch):
+    """Qwen3-0.6B at bs=1 in bf16, mode=fused captured: as it is, the run passes the gate with its margin; with every
+    RMSNorm's epsilon 1000x in the kernels (which the logits' check passed, error 0.183 within 0.834), it fails at a
+    layer. `python -m pytest -m gpu tests/unit/measure/test_layer_gate.py`."""
+    qwen = ("model=qwen3-0.6b", "cache_len=256", "decode_tokens=64", "bs=1", "mode=fused", "dtype=bf16", "repeats=1")
+    clean = measure(run_config(*qwen))
+    print("unmodified:", clean.mode_tags.get("layer_gate"), clean.metrics.get("layer_gate_ratio"))
+    assert clean.failure is None and clean.metrics["layer_gate_ratio"] <= 1, clean.failure
+    monkeypatch.setenv("HARNESS_INJECT_MUTATION", "fused_norm_eps_1000x")
+    faulty = measure(run_config(*qwen))
+    print("fused_norm_eps_1000x:", faulty.failure)
+    assert faulty.metrics["verified"] == 0.0 and faulty.mode_tags["layer_gate"].startswith("failed at "), faulty.failure
