@@ -31,7 +31,8 @@ every layer.
 The gate applies where the fp32 check does (inexact modes, and backends other than `sdpa`) and the step's layers can
 be seen: not under Inductor (mode=compiled, compiled-nograph), whose step is one compiled graph whose layers'
 outputs are not outputs of the code it times (a second compile that returned them would judge other kernels). Where
-it does not apply, the run's tag `layer_gate` says `not applied` and why, and no ratio is logged. Metrics:
+it does not apply, the run's tag `layer_gate` says `not applied` and why, and no ratio is logged. Where it applies
+it is judged in every run, and its reason is the run's where the checks before it passed (verify.py). Metrics:
 `layer_gate_ratio` (the worst stage's deviation over its bound: at most 1 passes), `layer_gate_worst_layer` (that
 stage: a layer's index, the layer count for the logits), `layer_gate_stages`, `layer_gate_rows`.
 """
@@ -67,13 +68,20 @@ def check(model, stepper, cfg, exact: bool, metrics: dict) -> str | None:
         stepper.tags["layer_gate"] = f"passed: worst {stage_name(worst, len(ratios))}, {ratios[worst]:.3g} of its bound"
         return None
     first = over[0]
-    where = stage_name(first, len(ratios))
-    stepper.tags["layer_gate"] = f"failed at {where}"
-    unit = (f"{LAYER_BOUND:g} x native eager's own {units[first]:.4g} there" if bounds[first] == LAYER_BOUND * units[first]
-            else f"its floor, {LAYER_FLOOR:g} x the median |fp32 value| there; native eager's own {units[first]:.4g}")
-    return (f"layer gate: {where} deviates from fp32 by {deviations[first]:.4g} (median), {ratios[first]:.3g} x its "
-            f"bound {bounds[first]:.4g} ({unit}; {len(over)} of {len(ratios)} stages over): a systematic error in "
-            f"that layer's kernels")
+    stepper.tags["layer_gate"] = f"failed at {stage_name(first, len(ratios))}"
+    return failure_line(first, len(over), ratios, deviations, bounds, units)
+
+
+def failure_line(first: int, over: int, ratios: list, deviations: list, bounds: list, units: list) -> str:
+    """The run's reason: the first stage over its bound, its deviation, bound and the bound's unit, and how many are
+    over."""
+    if bounds[first] == LAYER_BOUND * units[first]:
+        unit = f"{LAYER_BOUND:g} x native eager's own {units[first]:.4g} there"
+    else:
+        unit = f"its floor, {LAYER_FLOOR:g} x the median |fp32 value| there; native eager's own {units[first]:.4g}"
+    return (f"layer gate: {stage_name(first, len(ratios))} deviates from fp32 by {deviations[first]:.4g} (median), "
+            f"{ratios[first]:.3g} x its bound {bounds[first]:.4g} ({unit}; {over} of {len(ratios)} stages over): a "
+            f"systematic error in that layer's kernels")
 
 
 def stage_name(stage: int, stages: int) -> str:

@@ -117,8 +117,7 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
                    or _decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
             metrics.update(_unpadded_agreement(model, prompt, cfg, stepper.rows))
-    # the first step layer by layer against fp32 (harness/measure/layer_gate.py), while the run's cache is whole
-    gate = layer_gate.check(model, stepper, cfg, exact, metrics)
+    gate = layer_gate.check(model, stepper, cfg, exact, metrics)  # layer by layer, while the run's cache is whole
     # fp32 is fed the run's tokens, every step's: a stepper that decodes several a call must show each of them
     if (not exact or not attention_spec(cfg.attn).reference) and _every_token_shown(stepper, run):
         applied.append("fp32")
