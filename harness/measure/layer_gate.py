@@ -22,7 +22,7 @@ at least LAYER_FLOOR times the median |fp32 value| there (an fp32 run, whose eag
 not at all). Why 2: two computations in one dtype that each round their ops once deviate from fp32 by about the same
 amount (the median of thousands of elements varies by a few percent between them); one that rounds twice as often
 (bf16 intermediates where eager keeps fp32) by about sqrt(2) times as much; one that keeps more in fp32 (the fused
-kernels' residual stream, Inductor's fused reductions) by less. A systematic error adds to the dtype's rounding in
+kernels' residual stream and logits) by less. A systematic error adds to the dtype's rounding in
 quadrature, sqrt(e^2 + s^2), so a bound of 2 e fails every error s above sqrt(3) e, 1.7 times the dtype's own
 rounding at that stage, and keeps a margin of sqrt(2) over a mode that rounds twice as often as eager. The logits'
 bound of 4 x, on one largest error over the whole vocabulary and every step, admits an s of sqrt(15) e, spread over
