@@ -18,9 +18,10 @@ from harness.kernels import attention_spec
 from harness.modes.fused import NOT_FED
 
 # inside mode=fused's own kernels, which patching the model's modules cannot reach: RoPE one position ahead in
-# decode (prefill right), the new token's K/V never appended to the cache, and (graph_steps > 1) each step's
-# argmax kept as the run's token but not fed to the next step, which reads its own input again
-FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost", NOT_FED)
+# decode (prefill right), the new token's K/V never appended to the cache, (graph_steps > 1) each step's
+# argmax kept as the run's token but not fed to the next step, which reads its own input again, and every RMSNorm's
+# epsilon 1000x too large (a systematic error in every layer, of bf16's own size by the logits: the layer gate's)
+FUSED_KERNEL_FAULTS = ("fused_rope_off_by_one", "kv_append_lost", NOT_FED, "fused_norm_eps_1000x")
 # a rewind that clears the decoded slots from one slot too early: the context's last K/V zeroed in every layer, from
 # the first rewind on (blocks after the first, the checks), where the free run and every reference that decodes in the
 # run's cache read the same damaged context

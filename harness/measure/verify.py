@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from harness.kernels import attention_spec
-from harness.measure import context_check, fidelity, lockstep, mutations, references, traces
+from harness.measure import context_check, fidelity, layer_gate, lockstep, mutations, references, traces
 from harness.measure.timing import calls_for
 
 
@@ -66,14 +66,15 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
                    or lockstep.decoded_tokens(model, prompt, stepper, decoded, metrics))
         if stepper.rows != stepper.bs:
             metrics.update(lockstep.unpadded_agreement(model, prompt, cfg, stepper.rows))
+    gate = layer_gate.check(model, stepper, cfg, exact, metrics)  # layer by layer, while the run's cache is whole
     # fp32 is fed the run's tokens, every step's: a stepper that decodes several a call must show each of them
     if (not exact or not attention_spec(cfg.attn).reference) and fidelity.every_token_shown(stepper, run):
         applied.append("fp32")
         failure = failure or fidelity.against_fp32(model, prompt, stepper, cfg, run, digest, metrics)
     behind = int(mutations.requested(cfg.mode, cfg.attn) in mutations.READ_PLAN_FAULTS)  # a test's fault: 1 behind
-    if (plan := context_check.read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device,
-                                                metrics, behind)):
-        failure = failure or plan
+    plan = context_check.read_plan_problem(cfg.attn, prompt.shape[1], steps, cfg.cache_len, prompt.device, metrics,
+                                           behind)
+    failure = failure or plan or gate  # the layer gate's reason only where every check before it passed
     if not applied:  # fail closed: a run that no check can judge is not verified
         failure = failure or (f"no check applies: mode={cfg.mode} computes with other kernels than eager's and decodes "
                               f"{stepper.tokens_per_step} tokens a call without showing each, so fp32's "

@@ -86,6 +86,11 @@ class FusedStepper(GraphedStepper):
     def forward(self) -> torch.Tensor:
         return self.decoder.step()
 
+    def forward_by_layer(self, after_layer) -> torch.Tensor:
+        """One step as forward() launches it, `after_layer(index, residual)` called after each layer: the layer
+        gate's probe (harness/measure/layer_gate.py), off the timed path."""
+        return self.decoder.step(after_layer=after_layer)
+
     def _feed(self, k: int, logits: torch.Tensor) -> None:
         """graph_steps > 1: each step's argmax fed to the next by a kernel of its own (harness/kernels/fused/
         greedy.py), launched with PDL like the step's, where graphed's are torch's argmax and two copies."""

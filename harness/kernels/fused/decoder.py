@@ -37,6 +37,9 @@ from harness.kernels.fused.products import ADD, EMBEDDING, LOGITS, PARTIALS, PLA
 from harness.kernels.triton_decode import BLOCK_N
 from harness.kernels.triton_runtime import interpreted
 
+# a test's fault (harness/measure/mutations.py): every RMSNorm's epsilon in the step's kernels 1000x too large
+NORM_EPS_FAULT = "fused_norm_eps_1000x"
+
 # Each kind of product's weight [n, k], from a decoder layer (lm_head's from the model); gate/up pairs two
 # (plan_swiglu)
 PRODUCT_WEIGHTS = {
@@ -68,7 +71,7 @@ class FusedDecoder:
     every layer's position. `options`: the run's fused.* switches as they apply here; `knobs`: the plan's numbers.
     `longest_prefix`: the most slots a step will attend to (sizes the attention's chunks and merge; any length
     still computes right); the cache's capacity where not given. `fault`: a test's fault inside the kernels
-    ("fused_rope_off_by_one", "kv_append_lost")."""
+    ("fused_rope_off_by_one", "kv_append_lost", NORM_EPS_FAULT)."""
 
     def __init__(self, model, cache, input_ids: torch.Tensor, options, knobs: Knobs = KNOBS, fault: str | None = None,
                  longest_prefix: int | None = None, choices: dict[str, PlanChoice] | None = None):
@@ -79,7 +82,8 @@ class FusedDecoder:
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.group_pad = group_pad(self.heads, self.kv_heads)
         self.head_dim = cache.layers[0].keys.shape[-1]
-        self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
+        # under NORM_EPS_FAULT every RMSNorm of the step (the input, q/k, MLP and final norms) adds 1000x its epsilon
+        self.hidden, self.eps = config.hidden_size, config.rms_norm_eps * (1000 if fault == NORM_EPS_FAULT else 1)
         self.scale = model.model.layers[0].self_attn.scaling
         self.rope_shift, self.append = int(fault == "fused_rope_off_by_one"), fault != "kv_append_lost"
         with torch.no_grad():
@@ -173,7 +177,10 @@ class FusedDecoder:
     def kernels_per_step(self) -> int:
         return (5 if self.folded else 7) * len(self.layers) + 1
 
-    def step(self) -> torch.Tensor:
+    def step(self, after_layer=None) -> torch.Tensor:
+        """One decode step; `after_layer(index, residual)`, where given, is called after each layer's last launch
+        with the residual stream [rows, hidden] (fp32) as that layer left it: a check's probe (harness/measure/
+        layer_gate.py), never given on a timed or captured step."""
         position = self.cache.layers[0].cumulative_length
         for index, (layer, kv) in enumerate(zip(self.layers, self.cache.layers)):
             # at layer 0 the embedding rows of the input ids are the residual stream's first value
@@ -188,6 +195,8 @@ class FusedDecoder:
             self._product(layer.o, self.residual, self.attn_out, output=ADD, bump=bump)
             self._product(layer.gate_up, self.act, self.residual, gain=layer.mlp_norm, output=SWIGLU)
             self._product(layer.down, self.residual, self.act, output=ADD)
+            if after_layer is not None:
+                after_layer(index, self.residual)
         self._product(self.lm_head, self.logits, self.residual, gain=self.final_norm, output=LOGITS, bump=position)
         return self.logits
 
