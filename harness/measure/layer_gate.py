@@ -1,6 +1,6 @@
 """The layer gate: a run's first decode step judged layer by layer against fp32, at the dtype's own tolerance.
 
-The fp32 check (verify.py) judges a run's logits, and its bound is INEXACT_BOUND times native eager's own error
+The fp32 check (fidelity.py) judges a run's logits, and its bound is INEXACT_BOUND times native eager's own error
 there. That leaves room for a systematic error in one op of every layer (a fused RMSNorm's epsilon 1000x too large
 passed a bf16 run of Qwen3-0.6B with "worse" fidelity): by the logits, that error is of the size of bf16's own
 rounding, spread over the whole model. Layer by layer it is not.
