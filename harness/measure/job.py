@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from harness.measure.attribution import nvtx_range, profile_steps
-from harness.config.schema import RunConfig, round_up
+from harness.config.schema import RunConfig
 from harness.clock import MiB, resolve_device, stopwatch
 from harness.measure.environment import LoadProbe, contention, environment_tags, usable_cores
 from harness.measure.gpu_state import GpuState
@@ -27,7 +27,7 @@ from harness.record import Measurement
 from harness.measure.roofline import ceilings, floor, implementation_bytes, slots_read, step_cost
 from harness.measure import mutations, references
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
-from harness.measure.timing import run_steps, timed_decode, warm_up
+from harness.measure.timing import timed_decode, to_the_window, warm_up, warm_up_again, window_problem
 from harness.measure.verify import (context_digest, context_fills, loop_reference, loop_serves_as_reference,
                                    verified_steps, verify)
 
@@ -124,7 +124,7 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         checks, failure = verify(model, prompt, stepper, cfg, mode.exact, torch.cat([warm_tokens, blocks[0].tokens]),
                                  loop[0] if loop else None, _recorded_choices(stepper, blocks))
     metrics.update(checks)
-    failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
+    failure = clock_failure(metrics) or failure or window_problem(blocks, cfg.first_timed_position())  # clock first
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
@@ -187,8 +187,7 @@ def _timed_blocks(cfg: RunConfig, steps: int, stepper, device, on_phase, keep_lo
     while True:
         started = time.perf_counter()
         if blocks:
-            stepper.rewind()  # the same context; decode rewrites only the slots after it
-            run_steps(stepper, cfg.warmup)
+            warm_up_again(stepper, cfg.warmup)  # the same context and window; decode rewrites only the slots after it
         on_phase(f"decode (block {len(blocks) + 1}, at most {cfg.repeats})" if cfg.repeats > 1 else "decode")
         energy = gpu.energy()
         load.sample()
@@ -241,6 +240,7 @@ def run_phases(cfg: RunConfig, model, mode: DecodeMode, prompt, device, on_phase
         kept = [] if keep_loop_logits and loop_serves_as_reference(stepper, mode.exact) else None
         choices: list[torch.Tensor] = []
         warm_tokens, pace_ms = warm_up(stepper, cfg.warmup, device, kept, choices)
+        warm_tokens = to_the_window(stepper, cfg.warmup, warm_tokens)  # K steps a call: back to the timed window
     # each warm-up call's best logit and its recorded token's, for verification (verify.recorded_tokens)
     stepper.warm_choices = torch.stack(choices) if choices else torch.empty(0, 2, stepper.bs)
     if pace_ms is not None:
@@ -268,8 +268,7 @@ def _speed_of_light(arch: dict, cfg: RunConfig, steps: int, device: torch.device
                     rows: int) -> dict[str, float]:
     """Useful bytes and FLOPs per step (harness/roofline.py) over the `steps` positions a block timed, what this
     implementation moves instead, and on a GPU the floor they set and how close the run came to it."""
-    k = cfg.graph_steps
-    first = cfg.context_len + round_up(cfg.warmup, k)  # the slot of the first timed step's token
+    first = cfg.first_timed_position()  # the slot of the first timed step's token, whatever graph_steps
     positions = range(first, first + steps)
     itemsize = DTYPES[cfg.dtype.value].itemsize
     cost = step_cost(arch, cfg.bs, first + (steps + 1) / 2, itemsize)
