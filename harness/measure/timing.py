@@ -109,9 +109,9 @@ def to_the_window(stepper: Stepper, warmup: int, decoded: torch.Tensor) -> torch
     (RunConfig.first_timed_position), whatever graph_steps, so that runs that differ in graph_steps time the same
     positions. A warm-up decodes greedily from the context in whole calls: at one step a call it stops there; a
     stepper of K steps a call (graph_steps > 1, its graph feeding itself) decodes round_up(warmup, K) steps and goes
-    past it, so it is rewound to it here (Stepper.rewind_to), fed the token its own warm-up decoded for that slot, as a
-    warm-up of `warmup` steps would have left it: the K/V before the slot stay as the warm-up wrote them, and the
-    block rewrites those after it. `decoded` [steps, bs]: the warm-up's tokens; returns the first `warmup` of them,
+    past it, so it is rewound to it here (Stepper.rewind_to), its input the token its own warm-up fed that slot's
+    step, as a warm-up of `warmup` steps would have left it: the K/V before the slot stay as the warm-up wrote them,
+    and the block rewrites those after it. `decoded` [steps, bs]: the warm-up's tokens; returns the first `warmup` of them,
     the decode before the window, which the block's tokens continue."""
     if decoded.shape[0] > warmup:
         stepper.rewind_to(warmup, decoded[warmup - 1])
@@ -126,10 +126,10 @@ def warm_up_again(stepper: Stepper, warmup: int) -> None:
 
 
 def write_position(stepper: Stepper) -> int | None:
-    """The slot the stepper's next step writes its K/V to, read from every layer of its cache (a host sync); None
+    """The slot the stepper's next step writes its K/V to, read from every layer of its cache (one host sync); None
     where the layers disagree."""
-    positions = {int(layer.cumulative_length) for layer in stepper.cache.layers}
-    return positions.pop() if len(positions) == 1 else None
+    positions = torch.stack([layer.cumulative_length.reshape(()) for layer in stepper.cache.layers]).unique().tolist()
+    return int(positions[0]) if len(positions) == 1 else None
 
 
 def window_problem(blocks: list[DecodeTiming], first: int) -> str | None:
