@@ -444,13 +444,14 @@ def test_the_greedy_kernel_feeds_torch_argmax_the_first_index_among_equals():
 
 
 def test_a_fused_graph_of_several_steps_sizes_its_attention_for_whole_replays():
-    """The attention's chunks are sized for the longest prefix a timed step reaches: with graph_steps=128 the
-    warm-up and the decode are a replay of 128 steps each, past one chunk's slots, where their tokens alone are not."""
+    """The attention's chunks are sized for the longest prefix a timed step reaches: with graph_steps=256 the
+    decode is a replay of 256 steps from the window's first slot, past one chunk's slots, where its tokens alone are
+    not."""
     from harness.modes.fused import FusedMode
 
-    cfg, model, prompt = tiny_model_and_prompt("graph_steps=128", "cache_len=null")
-    replays = FusedMode().prepare(model, prompt, cfg)  # 8 + 128 + 128 + 1 slots
-    assert one_chunk_max_slots(KNOBS, cfg.bs, model.config.head_dim) < 8 + 2 * 128 + 1
+    cfg, model, prompt = tiny_model_and_prompt("graph_steps=256", "cache_len=null")
+    replays = FusedMode().prepare(model, prompt, cfg)  # 8 + 2 + 256 + 1 slots
+    assert one_chunk_max_slots(KNOBS, cfg.bs, model.config.head_dim) < 8 + 2 + 256 + 1
     assert replays.metrics["attention_chunks_per_kv_head"] > 1
     one = FusedMode().prepare(model, prompt, run_config(*FUSED))  # 8 + 2 + 8 + 1 slots
     assert one.metrics["attention_chunks_per_kv_head"] == 1

@@ -51,6 +51,9 @@ class AbResult:
     process_ratios: list = dataclasses.field(default_factory=list)  # B's median over A's, in each process
     fresh_compiles: bool = False  # each process compiled into empty cache folders of its own
     processes_to_decide: int | None = None  # where ambiguous across processes: about how many would decide it
+    # the slot of each arm's first timed step, every block's (timing.window_problem): `warmup` steps after the
+    # context, whatever graph_steps, so that arms that differ in graph_steps time the same positions
+    first_timed_position: tuple[int | None, int | None] = (None, None)
 
 
 def verdict(low: float, high: float, threshold: float) -> str:
@@ -126,7 +129,8 @@ def result_of(arm_a: Arm, arm_b: Arm, environment: dict, threshold: float, owner
                     ratio, low, high, threshold, decided, len(blocks_a), environment,
                     block_spread_pct(blocks_a), block_spread_pct(blocks_b), more_pairs, processes,
                     (arm_a.prepare_ms / 1e3, arm_b.prepare_ms / 1e3), (arm_a.prepared, arm_b.prepared),
-                    process_ratios(blocks_a, blocks_b, owners), fresh_compiles, more_processes)
+                    process_ratios(blocks_a, blocks_b, owners), fresh_compiles, more_processes,
+                    tuple(arm.blocks[0].first_position if arm.blocks else None for arm in (arm_a, arm_b)))
 
 
 def markdown(r: AbResult) -> str:
@@ -143,6 +147,8 @@ def markdown(r: AbResult) -> str:
         f"- block medians scatter by {r.block_spread_a_pct:.2f}% (A) and {r.block_spread_b_pct:.2f}% (B), sd of "
         "their median: the noisier arm is what widens the interval",
         *_preparation(r),
+        *([f"- every block timed from slot {r.first_timed_position[0]} (A) and {r.first_timed_position[1]} (B): "
+           "`warmup` steps after the context, whatever graph_steps"] if None not in r.first_timed_position else []),
         f"- on {r.environment.get('gpu_name') or r.environment.get('device')} "
         f"{r.environment.get('gpu_uuid', '')}, torch {r.environment.get('torch')}",
         "- neither arm is verified here: run each as a job (`python -m harness KEY=...`) for its checks", ""])

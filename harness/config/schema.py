@@ -169,7 +169,7 @@ class RunConfig:
                  f"cache_len={self.cache_len} is too short: context_len ({self.context_len}) + warmup "
                  f"({self.warmup}) + decode_tokens ({self.decode_tokens})"
                  + (f" + profile_steps ({self.profile_steps})" if self.profile else "")
-                 + (f", in whole replays of graph_steps={k}," if k > 1 else "")
+                 + (f", decode in whole replays of graph_steps={k}," if k > 1 else "")
                  + f" = {needed} tokens must fit; use cache_len>={needed}, or leave it out (cache_len=null)")
         block = ATTENTION[self.attn].block
         _require(not ATTENTION[self.attn].cache_in_blocks or self.cache_len % block == 0,
@@ -260,14 +260,22 @@ class RunConfig:
         return 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * self.cache_len * self.bs * item
 
     def slots_needed(self) -> int:
-        """Cache slots a job fills: the context, then warm-up and decode (and the profiler's steps) in whole
-        replays of graph_steps tokens."""
+        """Cache slots a job fills: the context, warm-up and decode (timed_slots), then the profiler's steps in
+        whole replays of graph_steps tokens."""
         return self.context_len + self.timed_slots() \
             + (round_up(self.profile_steps, self.graph_steps) if self.profile else 0)
 
+    def first_timed_position(self) -> int:
+        """The slot of the first timed step's token in every block: `warmup` steps after the context, whatever
+        graph_steps (the timed window's rule: harness/measure/timing.py, to_the_window)."""
+        return self.context_len + self.warmup
+
     def timed_slots(self) -> int:
-        """Slots past the context that warm-up and decode fill, each in whole replays of graph_steps tokens."""
-        return round_up(self.warmup, self.graph_steps) + round_up(self.decode_tokens, self.graph_steps)
+        """Slots past the context that warm-up and decode fill: the warm-up's whole replays of graph_steps tokens
+        from the context, and each timed block's whole replays from `warmup` steps after it (first_timed_position),
+        whichever reach further (the block, as it has at least one replay)."""
+        k = self.graph_steps
+        return max(round_up(self.warmup, k), self.warmup + round_up(self.decode_tokens, k))
 
     @property
     def label(self) -> str:

@@ -27,7 +27,7 @@ from harness.config.schema import RunConfig
 from harness.measure.environment import environment_tags
 from harness.measure.job import JobError, prefill, prepare, seeded_prompt, warm_up
 from harness.measure.stats import clock_failure, decode_metrics
-from harness.measure.timing import DecodeTiming, run_steps, timed_decode
+from harness.measure.timing import DecodeTiming, timed_decode, warm_up_again, window_problem
 from harness.models import get_model
 from harness.modes import spec
 
@@ -52,8 +52,8 @@ def balanced_order(pairs: int) -> list[str]:
 def time_arms(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int,
               on_phase: Callable[[str], None] = lambda phase: None) -> tuple[Arm, Arm, dict[str, str]]:
     """Prepare both arms (model, mode, prefill, warm-up), then time `pairs` pairs of blocks of `decode_tokens`
-    steps in balanced order, each block from the prefilled context after `warmup` steps. Returns the arms and
-    the environment they ran in."""
+    steps in balanced order, each block from the prefilled context after `warmup` steps, at the same slot whatever
+    graph_steps (timing.to_the_window). Returns the arms and the environment they ran in."""
     device = resolve_device(cfg_a.device)
     if resolve_device(cfg_b.device) != device:
         raise JobError(f"both arms must run on one device: device={cfg_a.device} against device={cfg_b.device}")
@@ -69,11 +69,12 @@ def time_arms(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int,
         for i, name in enumerate(balanced_order(pairs)):
             on_phase(f"block {i + 1}/{2 * pairs}: arm {name}")
             stepper, cfg = steppers[name], arms[name].cfg
-            stepper.rewind()  # the same context each block; decode rewrites only the slots after it
-            run_steps(stepper, cfg.warmup)
+            warm_up_again(stepper, cfg.warmup)  # the same context and window each block
             arms[name].blocks.append(timed_decode(stepper, cfg.decode_tokens, device))
     for name, arm in arms.items():
-        if (why := clock_failure(decode_metrics(arm.blocks, arm.cfg.bs))) is not None:
+        why = (clock_failure(decode_metrics(arm.blocks, arm.cfg.bs))
+               or window_problem(arm.blocks, arm.cfg.first_timed_position()))
+        if why is not None:
             raise JobError(f"arm {name}: {why}")
         steppers[name].release()
     return arms["A"], arms["B"], environment_tags(device)
@@ -96,7 +97,8 @@ def time_arms_in_processes(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int, proce
         with compile_caches_of_its_own() if fresh_compiles else contextlib.nullcontext():
             blocks, prepared, env = _in_a_spawned_interpreter(cfg_a, cfg_b, pairs)
         for arm, its_blocks, (prepare_ms, how) in zip(arms, blocks, prepared):
-            arm.blocks += [DecodeTiming(*block, tokens=torch.empty(0)) for block in its_blocks]
+            arm.blocks += [DecodeTiming(*block[:4], tokens=torch.empty(0), first_position=block[4])
+                           for block in its_blocks]
             arm.prepare_ms += prepare_ms
             arm.prepared += how
         owners += [index] * pairs
@@ -135,7 +137,8 @@ def _in_a_fresh_process(cfg_a: RunConfig, cfg_b: RunConfig, pairs: int) -> tuple
     from harness.progress import say
 
     arm_a, arm_b, environment = time_arms(cfg_a, cfg_b, pairs, on_phase=lambda phase: say(f"ab: {phase}"))
-    blocks = tuple([(t.step_ms, t.wall_ms, t.clock, t.tokens_per_call) for t in arm.blocks] for arm in (arm_a, arm_b))
+    blocks = tuple([(t.step_ms, t.wall_ms, t.clock, t.tokens_per_call, t.first_position) for t in arm.blocks]
+                   for arm in (arm_a, arm_b))
     return blocks, tuple((arm.prepare_ms, arm.prepared) for arm in (arm_a, arm_b)), environment
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from harness.measure.attribution import nvtx_range, profile_steps
-from harness.config.schema import RunConfig, round_up
+from harness.config.schema import RunConfig
 from harness.clock import MiB, resolve_device, stopwatch
 from harness.measure.environment import LoadProbe, contention, environment_tags, usable_cores
 from harness.measure.gpu_state import GpuState
@@ -31,7 +31,7 @@ from harness.measure.roofline import ceilings, floor, implementation_bytes, slot
 from harness.measure import mutations, references, timing
 from harness.measure.context_check import context_digest, context_fills, verified_steps
 from harness.measure.stats import NOISY_PCT, block_steps, clock_failure, decode_metrics, is_noisy, stop_reason
-from harness.measure.timing import DecodeTiming, run_steps, timed_decode
+from harness.measure.timing import DecodeTiming, timed_decode, to_the_window, warm_up_again, window_problem
 from harness.measure.verify import verify
 
 
@@ -118,7 +118,8 @@ def _decode(cfg: RunConfig, loaded: LoadedModel, mode: DecodeMode, device: torch
         checks, failure = verify(model, prompt, stepper, cfg, mode.exact, decoded, kept,
                                  _recorded_choices(stepper, blocks))
     metrics.update(checks)
-    failure = clock_failure(metrics) or failure  # a wrong clock first: then no figure of the run holds
+    # a wrong clock first: then no figure of the run holds; then a block timed outside the window
+    failure = clock_failure(metrics) or failure or window_problem(blocks, cfg.first_timed_position())
     return Measurement(metrics, [ms for b in blocks for ms in b.step_ms], blocks[0].clock, loaded.weights,
                        loaded.source, loaded.reused, stepper.tags, arch, environment_tags(device), failure)
 
@@ -165,6 +166,7 @@ def warm_up(cfg: RunConfig, stepper, device, on_phase, phases: dict,
     with nvtx_range("warmup", device.type == "cuda"), stopwatch(device, phases, "warmup_ms"):
         choices: list[torch.Tensor] = []
         warm_tokens, pace_ms = timing.warm_up(stepper, cfg.warmup, device, keep_logits, choices)
+        warm_tokens = to_the_window(stepper, cfg.warmup, warm_tokens)  # K steps a call: back to the timed window
     stepper.warm_choices = torch.stack(choices) if choices else torch.empty(0, 2, stepper.bs)
     if pace_ms is not None:
         phases["warmup_pace_ms"] = pace_ms  # ms a step over the warm-up's second half: what sizes a timed block
@@ -195,8 +197,7 @@ class TimedBlocks:
         between the two calls included)."""
         while not self._stopped(time.perf_counter() - self.started):
             self.started = time.perf_counter()
-            self.stepper.rewind()  # the same context; decode rewrites only the slots after it
-            run_steps(self.stepper, self.cfg.warmup)
+            warm_up_again(self.stepper, self.cfg.warmup)  # the same context and window; decode rewrites the rest
             self._block()
         self.gpu.read("end")
         return self.blocks
@@ -301,8 +302,7 @@ def _speed_of_light(arch: dict, cfg: RunConfig, steps: int, device: torch.device
                     rows: int) -> dict[str, float]:
     """Useful bytes and FLOPs per step (harness/measure/roofline.py) over the `steps` positions a block timed, what this
     implementation moves instead, and on a GPU the floor they set and how close the run came to it."""
-    k = cfg.graph_steps
-    first = cfg.context_len + round_up(cfg.warmup, k)  # the slot of the first timed step's token
+    first = cfg.first_timed_position()  # the slot of the first timed step's token, whatever graph_steps
     positions = range(first, first + steps)
     itemsize = DTYPES[cfg.dtype.value].itemsize
     cost = step_cost(arch, cfg.bs, first + (steps + 1) / 2, itemsize)

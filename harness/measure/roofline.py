@@ -2,7 +2,8 @@
 measured ceilings. floor_ms = max(useful bytes / bandwidth, useful FLOPs / rate); efficiency = floor_ms /
 the measured median, for every mode and attention backend alike.
 
-Useful work, per step of `bs` rows (B = bytes per element), at the mean position of the timed steps:
+Useful work, per step of `bs` rows (B = bytes per element), at the mean position of the timed steps (each block
+times from `warmup` steps after the context, whatever graph_steps: RunConfig.first_timed_position):
 - weights: every parameter read once, except the input embedding, of which only bs rows are read; with
   tied embeddings the one matrix is read in full by lm_head.
 - KV cache: the valid positions only (the context, the warm-up and the steps decoded so far, the new

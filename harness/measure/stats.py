@@ -187,6 +187,8 @@ def decode_metrics(blocks: list[DecodeTiming], bs: int) -> dict[str, float]:
         repeats=float(len(blocks)),
         timed_over_wall_max=max(timed_over_wall(b) for b in blocks),
     )
+    if blocks[0].first_position is not None:  # the slot of the first timed step's token (timing.to_the_window)
+        metrics["first_timed_position"] = float(blocks[0].first_position)
     return metrics
 
 

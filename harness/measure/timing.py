@@ -31,6 +31,9 @@ class DecodeTiming:
     # [calls, 2, bs]: each call's best logit and the logit of the token recorded for its last step, from the logits
     # that call returned, kept on the device (note_choice): a recorded token must be an argmax (recorded_not_argmax)
     choices: torch.Tensor | None = None
+    # the slot the block's first timed step wrote its K/V to, read from the cache before the clock started
+    # (write_position): every block's must be the run's first timed position (window_problem)
+    first_position: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -101,6 +104,45 @@ def warm_up(stepper: Stepper, tokens: int, device: torch.device, keep_logits: li
     return torch.cat([first, second]), second_half["ms"] / second.shape[0]
 
 
+def to_the_window(stepper: Stepper, warmup: int, decoded: torch.Tensor) -> torch.Tensor:
+    """The timed window's rule: every timed block starts at the same slot, `warmup` steps after the context
+    (RunConfig.first_timed_position), whatever graph_steps, so that runs that differ in graph_steps time the same
+    positions. A warm-up decodes greedily from the context in whole calls: at one step a call it stops there; a
+    stepper of K steps a call (graph_steps > 1, its graph feeding itself) decodes round_up(warmup, K) steps and goes
+    past it, so it is rewound to it here (Stepper.rewind_to), its input the token its own warm-up fed that slot's
+    step, as a warm-up of `warmup` steps would have left it: the K/V before the slot stay as the warm-up wrote them,
+    and the block rewrites those after it. `decoded` [steps, bs]: the warm-up's tokens; returns the first `warmup` of them,
+    the decode before the window, which the block's tokens continue."""
+    if decoded.shape[0] > warmup:
+        stepper.rewind_to(warmup, decoded[warmup - 1])
+    return decoded[:warmup]
+
+
+def warm_up_again(stepper: Stepper, warmup: int) -> None:
+    """A later block's start: back to the context (Stepper.rewind), `warmup` untimed steps (in whole calls), and into
+    the window (to_the_window)."""
+    stepper.rewind()
+    to_the_window(stepper, warmup, run_steps(stepper, warmup))
+
+
+def write_position(stepper: Stepper) -> int | None:
+    """The slot the stepper's next step writes its K/V to, read from every layer of its cache (one host sync); None
+    where the layers disagree."""
+    positions = torch.stack([layer.cumulative_length.reshape(()) for layer in stepper.cache.layers]).unique().tolist()
+    return int(positions[0]) if len(positions) == 1 else None
+
+
+def window_problem(blocks: list[DecodeTiming], first: int) -> str | None:
+    """Why the timed blocks did not all start at slot `first` (RunConfig.first_timed_position), or None."""
+    for index, block in enumerate(blocks):
+        if block.first_position != first:
+            found = ("at no one slot (the cache's layers write at different ones)" if block.first_position is None
+                     else f"at slot {block.first_position}")
+            return (f"timed block {index + 1} started {found}, not at slot {first} (context_len + warmup): "
+                    f"it timed other positions than the run's window")
+    return None
+
+
 def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
                  keep_logits: list | None = None) -> DecodeTiming:
     """`keep_logits` receives each call's logits, between calls: a reference to the tensor the stepper returned (no
@@ -112,6 +154,7 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
     produced = torch.empty(calls * k, stepper.bs, dtype=torch.long, device=stepper.input_ids.device)
     choices = torch.empty(calls, 2, stepper.bs, device=stepper.input_ids.device)
     done = iter(range(calls))
+    first_position = write_position(stepper)  # a sync, before the clock starts
 
     def after(logits) -> None:  # between calls, outside the events: feed, and keep the tokens (no sync)
         if not stepper.feeds_itself:
@@ -130,7 +173,7 @@ def timed_decode(stepper: Stepper, tokens: int, device: torch.device,
         t0 = time.perf_counter()
         call_ms, clock = _host_ms(stepper.step, calls, after), "host"
     wall_ms = (time.perf_counter() - t0) * 1e3
-    return DecodeTiming([ms / k for ms in call_ms], wall_ms, clock, k, produced, choices)
+    return DecodeTiming([ms / k for ms in call_ms], wall_ms, clock, k, produced, choices, first_position)
 
 
 def _host_ms(fn: Callable[[], object], calls: int, after: Callable[[object], None]) -> list[float]:

@@ -4,9 +4,10 @@ A mode's `prepare(model, prompt, cfg)` builds its Stepper and readies it (captur
 its StaticCache (allocated in its constructor, outside any graph pool) and the input buffer the next step
 reads (`input_ids`, [bs, 1]). `restart(prompt)` empties the cache and prefills the context; `rewind()` puts
 it back where that prefill left it (the context's K/V stay in place: decode writes only after them), so
-repeats and checks need no second prefill. `step()` decodes `tokens_per_step` tokens and returns the last
-one's logits [bs, vocab]. Unless the stepper `feeds_itself` (argmax and feeding inside its graph), the
-caller writes the argmax back into `input_ids`.
+repeats and checks need no second prefill; `rewind_to(steps, ids)` puts it where a decode of `steps` steps
+from the context left it (the timed window's start, after a warm-up of whole K-step calls that went past it).
+`step()` decodes `tokens_per_step` tokens and returns the last one's logits [bs, vocab]. Unless the stepper
+`feeds_itself` (argmax and feeding inside its graph), the caller writes the argmax back into `input_ids`.
 """
 from __future__ import annotations
 
@@ -169,6 +170,13 @@ class Stepper:
         """Back to the state the last prefill left: the same context, the same first token (no host sync)."""
         kept_context.set_write_position(self.cache, self.context_len)
         self.static_ids.copy_(self.first_ids)
+
+    def rewind_to(self, steps: int, ids: torch.Tensor) -> None:
+        """Back to where a greedy decode of `steps` steps from the context left it, after a decode that went past
+        (the K/V of those steps stay in place): the write position `steps` slots after the context, and `ids` [bs],
+        the token that decode would feed its next step, as the next input (no host sync)."""
+        kept_context.set_write_position(self.cache, self.context_len + steps)
+        self.input_ids.copy_(ids[:, None])
 
     def release(self) -> None:
         """Free the cache (a stepper that will not step again), so that a check can allocate its own; a cache

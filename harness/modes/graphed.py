@@ -75,7 +75,7 @@ class GraphedStepper(Stepper):
         SIDE_STREAM_WARMUP times, and calls that went on from one another would write that many replays' K/V after
         a kept context: past a cache sized for the context, the warm-up and the decode (Qwen3-0.6B at context 1024,
         cache 1280, graph_steps=127: slots 1024 to 1404, which mode=fused's kernels append to unchecked, over the
-        next head's slots and past the tensor). A cache holds the context and two replays at least
+        next head's slots and past the tensor). A cache holds the context, the warm-up and a replay at least
         (RunConfig.timed_slots), so the calls write after the context, not over it."""
         first = self.cache.layers[0]
         position = min(int(first.cumulative_length), first.max_cache_len - self.tokens_per_step)  # a sync

@@ -118,6 +118,9 @@ def log_ab(uri: str, experiment: str, run_name: str, result: dict, files: list[P
                 "block_spread_b_pct", "pairs_to_decide", "processes_to_decide", "processes"):
         if result.get(key) is not None:  # pairs_to_decide, processes_to_decide: only where the verdict is ambiguous
             c.log_metric(run_id, key, float(result[key]))
+    for arm, position in zip("ab", result.get("first_timed_position") or ()):  # where each arm's blocks timed from
+        if position is not None:
+            c.log_metric(run_id, f"first_timed_position_{arm}", float(position))
     for path in files:
         c.log_artifact(run_id, str(path))
     c.set_terminated(run_id, status="FINISHED")
