@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.config.schema import ConfigError
+from harness.errors import ConfigError
 from harness.measure import job as job_module
 from harness.measure.job import measure
 from harness.modes import MODES, ModeSpec

@@ -47,9 +47,8 @@ def verify(model, prompt, stepper, cfg, exact: bool, decoded: torch.Tensor,
     `decoded` [steps, bs]: the tokens of the run's warm-up and first timed block, as the loop produced them;
     `kept`: what the job took and offers (its loop's own logits, where it was plain eager; the context it hands on);
     `choices`: (phase, its calls' timing.note_choice [calls, 2, bs]) for the warm-up and every timed block, whose
-    recorded tokens must each be an argmax of the logits they came from (context_check.recorded_tokens).
-    Verification is a job's last use of the stepper's cache: it is freed at the end, or kept for the next job
-    (context_check.keep_or_release)."""
+    recorded tokens must each be an argmax of the logits they came from (context_check.recorded_tokens). The job's
+    last use of the stepper's cache: freed at the end, or kept for the next job (context_check.keep_or_release)."""
     metrics, applied = {}, []
     failure = context_check.recorded_tokens(choices, metrics) if choices is not None else None
     stepper.rewind()
