@@ -45,7 +45,7 @@ def test_the_large_products_start_every_stage_copying_before_the_pdl_wait_and_re
     loop then comes after the launch); down's and O's splits add their sums atomically, whole tiles each (8 of 64,
     QKV's 4 of 16, Qwen3-0.6B's down 3 of 24); the rule's builds on 4 warps in 32-column blocks copy the same. A
     copy left after the wait, as Triton's pipeliner places `_matvec_tma`'s, would fail. What it computes is checked
-    on the GPU (tests/test_gpu.py)."""
+    on the GPU (tests/gpu/test_fused.py)."""
     printed = compiled_for_the_gpu(COPIES_FIRST_COMPILE, timeout=900).split()
     assert printed == (["4", "1", "0", "True", "0", "False", "16", "2048"]
                        + ["4", "1", "0", "True", "0", "True", "8", "1024"]

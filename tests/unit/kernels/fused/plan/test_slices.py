@@ -13,7 +13,7 @@ def test_a_model_1024_wide_slices_128_values_a_thread_and_a_wider_one_64(monkeyp
     """The slice rule: at one row, in a model 1024 wide (Qwen3-0.6B) each thread holds 128 of a slice's values, twice
     the rows a program of 64 would take; in one 2048 wide (Llama-3.2-1B) 64, its gate/up still sliced on eight warps
     (as tiles it was faster at one workload and slower at others: docs/fused-knobs.md). (fp32 weights here: 16-bit
-    ones of a model 2048 wide stream through TMA as tiles, the large products' rule, test_fused_tune.)"""
+    ones of a model 2048 wide stream through TMA as tiles, the large products' rule, test_warps.py.)"""
     monkeypatch.setattr(fused_plan, "interpreted", lambda: False)  # the GPU's plan
     wide, narrow = torch.zeros(8192, 2048), torch.zeros(3072, 1024)
     sliced = plan_swiglu(narrow, narrow, FusedConfig(), KNOBS, 1, 1024)
