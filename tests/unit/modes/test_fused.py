@@ -9,17 +9,31 @@ import pytest
 from harness.config.fused import FUSED_SWITCHES, FusedConfig
 from harness.kernels.fused.attention import attention_chunks, one_chunk_max_slots
 from harness.kernels.fused.knobs import KNOBS
+from harness.measure import verify
 from harness.measure.job import measure
 from harness.modes.fused import as_run
 from tests.support import run_config
 from tests.unit.kernels.fused.support import FUSED, tiny_model_and_prompt
 
+# A job's context 4 slots short of a block edge of 64 (the fused attention's, as triton-decode's), its verification
+# cut to 8 steps (short_verification): the checks still decode across the edge (verified_steps: to two steps past it)
+# and judge each step against fp32, in 18 fused steps in Triton's interpreter where FAST's context of 8 slots in a
+# cache of 64 and the 32-step window took 66.
+SHORT_JOB = ("context_len=60", "cache_len=128")
 
+
+@pytest.fixture(autouse=True)
+def short_verification(monkeypatch):
+    """Each job of this file verifies 8 steps past its context (or up to two past the first block edge, where more)."""
+    monkeypatch.setattr(verify, "VERIFY_TOKENS", 8)
+
+
+@pytest.mark.slow
 def test_a_bs1_fused_job_past_one_chunk_runs_the_attention_as_three_launches_and_verifies():
     """The rule in a job: a bs=1 run whose longest prefix passes one chunk a KV head (384 slots for the tiny model's
     heads of 16; its K/V ask L2 for none of its MLP) launches seven kernels a layer, computes what fp32 does, and its
     plan tag says why."""
-    result = measure(run_config(*FUSED, "bs=1", "context_len=390", "cache_len=448"))
+    result = measure(run_config(*FUSED, "bs=1", "context_len=380", "cache_len=448"))  # 391 slots at most
     m, plan_tag = result.metrics, result.mode_tags["fused_plan"]
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert m["kernel_launches_per_step"] == 7 * 2 + 1 and m["attention_chunks_per_kv_head"] > 1
@@ -45,8 +59,9 @@ def test_a_fused_run_logs_its_attention_chunks_a_kv_head(steps_after_prompt, one
     assert (chunks == 1) == one_chunk
 
 
+@pytest.mark.slow
 def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
-    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
+    result = measure(run_config(*FUSED, *SHORT_JOB, "model.tie_word_embeddings=false"))
     m, tags = result.metrics, result.mode_tags
     assert result.failure is None and m["verified"] == 1.0, result.failure
     assert "kl_nats" in m and m["fp32_rows_checked"] == 2  # judged against fp32, as an inexact mode
@@ -62,9 +77,10 @@ def test_a_fused_job_is_verified_against_fp32_with_its_kernels_named():
     assert tags["captured"].startswith("no: ")
 
 
+@pytest.mark.slow
 def test_a_fused_graph_of_two_steps_is_judged_against_fp32_step_by_step():
     """graph_steps=2: argmax and feeding inside the call; every step's token shown, so fp32 follows it."""
-    two = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "graph_steps=2"))
+    two = measure(run_config(*FUSED, *SHORT_JOB, "model.tie_word_embeddings=false", "graph_steps=2"))
     assert two.failure is None and two.metrics["verified"] == 1.0, two.failure
     assert len(two.step_ms) == 8 // 2  # one sample a call of two steps
     assert two.metrics["checks_applied"] == 1.0 and two.metrics["fp32_max_logit_err"] < 1e-3
@@ -88,7 +104,7 @@ def test_a_fused_graph_of_several_steps_sizes_its_attention_for_whole_replays():
 @pytest.mark.parametrize("kind", ["fused_rope_off_by_one", "fused_greedy_not_fed"])
 def test_a_fault_inside_a_fused_graph_of_two_steps_fails_the_run(monkeypatch, kind):
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
-    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "graph_steps=2"))
+    result = measure(run_config(*FUSED, *SHORT_JOB, "model.tie_word_embeddings=false", "graph_steps=2"))
     assert result.failure is not None and result.metrics["verified"] == 0.0, kind
     assert result.mode_tags["mutation"] == kind
 
@@ -97,7 +113,7 @@ def test_a_fault_inside_a_fused_graph_of_two_steps_fails_the_run(monkeypatch, ki
 @pytest.mark.parametrize("kind", ["kv_append_lost", "fused_rope_off_by_one"])
 def test_a_fault_inside_a_fused_kernel_fails_the_run(monkeypatch, kind):
     monkeypatch.setenv("HARNESS_INJECT_MUTATION", kind)
-    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false"))
+    result = measure(run_config(*FUSED, *SHORT_JOB, "model.tie_word_embeddings=false"))
     assert result.failure is not None and result.metrics["verified"] == 0.0, kind
     assert result.mode_tags["mutation"] == kind
 
@@ -112,8 +128,9 @@ def test_a_fault_inside_the_fused_kernels_is_refused_for_another_mode(monkeypatc
         mutations.requested("eager")
 
 
+@pytest.mark.slow
 def test_a_job_that_cannot_time_the_step_says_it_did_not_tune():
-    result = measure(run_config(*FUSED, "model.tie_word_embeddings=false", "fused.tune=true"))
+    result = measure(run_config(*FUSED, *SHORT_JOB, "model.tie_word_embeddings=false", "fused.tune=true"))
     assert result.failure is None and result.metrics["verified"] == 1.0, result.failure
     assert result.mode_tags["tune"].startswith("not applied: no GPU") and "tune_ms" not in result.metrics
     assert "tune=on" in result.mode_tags["fused"] and result.mode_tags["fused_plan"].startswith("qkv: ")
