@@ -29,6 +29,7 @@ def test_the_attention_query_tile_padding_never_reaches_the_output():
     decode_like_eager(eager, run, decoder, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
 @pytest.mark.parametrize("serial_max, max_block, merge_block", [(4, 64, 1), (2, 64, 4), (1, 2, 2)],
                          ids=["one-a-load", "all-in-one-load", "two-loads"])
@@ -50,6 +51,7 @@ def test_the_folded_attention_merges_its_chunks_once_the_last_is_done(family, se
     assert_same_cache(run, eager, 133)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [128, 129], ids=["new-token-alone-in-its-chunk", "beside-the-context"])
 def test_the_new_token_attends_to_itself_once_read_back_from_the_cache(context):
     """The chunk that holds the new token's slot appends its K/V first and then reads every slot of the chunk back
@@ -66,6 +68,7 @@ def test_the_new_token_attends_to_itself_once_read_back_from_the_cache(context):
     assert_same_cache(run, eager, context + 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("one_chunk_max, chunks", [(0, 2), (KNOBS.one_chunk_max_slots, 1)],
                          ids=["two-chunks", "one-chunk"])
 def test_an_attention_grid_sized_for_a_shorter_prefix_still_attends_to_every_slot(one_chunk_max, chunks):
@@ -146,6 +149,7 @@ def test_the_attention_takes_its_three_launches_back_at_bs1_past_one_chunk_unles
     assert not _folded_at("qwen3-0.6b", 8, 32, fold_attention=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fold_attention", [True, False], ids=["folded", "three-launches"])
 def test_the_three_launches_aim_their_chunks_at_programs_of_their_own(fold_attention):
     """unfolded_attention_programs sizes the three launches' grid and attention_programs the folded kernel's: each
@@ -159,6 +163,7 @@ def test_the_three_launches_aim_their_chunks_at_programs_of_their_own(fold_atten
     decode_like_eager(eager, run, decoder, 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fold_attention", [True, False], ids=["folded", "three-launches"])
 def test_each_attention_plan_launches_on_the_warps_and_stages_of_its_own_knobs(fold_attention, monkeypatch):
     """folded_attention_warps/stages reach the folded kernel's launch and split_kv_warps/stages the split-KV's, not

@@ -14,6 +14,7 @@ from tests.support import REPO, compiled_for_the_gpu
 from tests.unit.kernels.fused.support import fused_and_eager
 
 
+@pytest.mark.slow
 def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_holds(monkeypatch):
     """benchmarks/fused_occupancy.py: a product's programs an SM are bounded by its registers (allocated a warp at a
     time, in units of 256), its threads and its shared memory; the plans are a GPU's (fused.slices for gate/up, down
@@ -59,6 +60,7 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
     assert down["waves"] == pytest.approx(2048 / (down["per_sm"] * 132))
 
 
+@pytest.mark.slow
 def test_the_persistent_chain_computes_the_fp32_chain_each_way_and_loads_its_weights_where_it_says(monkeypatch):
     """benchmarks/persistent_chain.py: the chain of products as a launch a product and as one persistent kernel
     (here one program, whose barriers each wait for its own arrivals) computes the chain in fp32; each product counts

@@ -9,6 +9,7 @@ from harness.config.fused import FusedConfig
 from tests.unit.kernels.fused.support import LLAMA, assert_same_cache, decode_like_eager, fused_and_eager
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [(), LLAMA], ids=["qwen3", "llama"])
 @pytest.mark.parametrize("options", [FusedConfig(pdl=False), FusedConfig(pdl=False, split_k=False, packed=False),
                                      FusedConfig(pdl=False, fold_attention=False)],

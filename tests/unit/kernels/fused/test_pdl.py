@@ -218,6 +218,7 @@ for product in (dict(NORM=True, OUTPUT=1, SPLITS=1, PACKED=True, PREFETCH=True, 
 """
 
 
+@pytest.mark.slow
 def test_the_fused_kernels_compile_for_the_h200_with_programmatic_dependent_launch():
     """The interpreter checks the arithmetic on CUDA cores; Triton's compiler, run ahead of time for sm_90 (no GPU
     needed), checks that each kernel builds as a Hopper GPU runs it: bf16 tensor-core products, atomics, PDL's

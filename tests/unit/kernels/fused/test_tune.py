@@ -15,6 +15,7 @@ from harness.kernels.fused.plan import PRODUCT_KINDS, PlanChoice, plan
 from tests.unit.kernels.fused.support import decode_like_eager, fused_and_eager
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, choice", [("o", PlanChoice(per_sm=1, packed=False, warps=4)),
                                           ("qkv", PlanChoice(per_sm=4, packed=False, warps=8)),
                                           ("gate_up", PlanChoice(per_sm=2, packed=False, warps=4)),

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from harness.cli.precheck import compose_single_run
 from harness.config.fused import FusedConfig
 from harness.kernels.fused import copies_first
@@ -11,6 +13,7 @@ from harness.kernels.fused.plan import AFTER_LOOP, AT_WAIT, PRODUCT_KINDS
 from tests.unit.kernels.fused.support import LARGE, fused_and_eager, gpu_products, o_launch
 
 
+@pytest.mark.slow
 def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_and_qkv_on_a_gpu(monkeypatch):
     """The copies-first rule plans Llama-3.2-1B's gate/up, down and lm_head, and QKV (copies_first_small_kinds), and
     no other product, as the Gluon kernel (its own descriptor) at one row with packed weights, on a GPU's plan only:
@@ -35,6 +38,7 @@ def test_the_copies_first_rule_takes_one_packed_row_of_the_large_products_and_qk
     assert decoder.layers[0].down.descriptor is not None and not decoder.layers[0].down.copies_first
 
 
+@pytest.mark.slow
 def test_qkv_copies_its_split_s_tiles_first_at_bs1_and_o_keeps_the_registers_in_a_2048_wide_model(monkeypatch):
     """The rules at one row in Llama-3.2-1B: QKV runs as the Gluon kernel (copies_first_small_kinds) on
     copies_first_small_stages, at most its split's tiles (QKV 4 of 16 in 4 splits; O, where a variant names it, 2 of
@@ -54,6 +58,7 @@ def test_qkv_copies_its_split_s_tiles_first_at_bs1_and_o_keeps_the_registers_in_
     assert two_rows["qkv"].descriptor is None and two_rows["o"].descriptor is None
 
 
+@pytest.mark.slow
 def test_the_copies_first_rule_reaches_each_width_as_its_knobs_say(monkeypatch):
     """The copies-first rule's width (copies_first_from_hidden) at one row: it plans Qwen3-0.6B's large products
     (which the slice rule would take) and QKV as the Gluon kernel, gate/up in 32-column blocks (gate/up cannot split:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import pytest
+
 from harness.cli.precheck import compose_single_run
 from harness.config.fused import FusedConfig
 from harness.kernels.fused import plan as fused_plan
@@ -35,6 +37,7 @@ def test_blocks_narrow_where_even_splits_leave_sms_without_a_program(monkeypatch
     assert layout(n=2 * 8192, k=2048, bk=128, split_k=False) == (64, 1)  # 256 blocks: enough
 
 
+@pytest.mark.slow
 def test_qkv_splits_for_one_program_an_sm_at_bs1_only_where_a_tma_rule_reaches(monkeypatch):
     """The rules split QKV's K for one program an SM (four tiles a program) in Llama-3.2-1B and Qwen3-1.7B at bs=1,
     and in Qwen3-0.6B and Qwen3-4B at bs=1 where the copies-first rule takes them (without it, for two); for two

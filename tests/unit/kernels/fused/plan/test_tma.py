@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from harness.cli.precheck import compose_single_run
@@ -48,6 +49,7 @@ def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave
     assert fp32.descriptor is None  # an fp32 run's weights keep the registers on a GPU
 
 
+@pytest.mark.slow
 def test_the_large_products_stream_through_tma_at_every_batch_and_the_occupancy_table_compiles_their_tma_kernel(
         monkeypatch):
     """In a model 2048 wide the rules stream the large products (gate/up, down, lm_head) through TMA from two rows
