@@ -55,7 +55,7 @@ OUT=$out; source benchmarks/device_steps.sh  # the wheelhouse installed, the mac
 for step in "$@"; do
   note "start $step"
   if [ "$step" = tests ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$out/gpu_tests.log" 2>&1; rc=$?
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu > "$out/gpu_tests.log" 2>&1; rc=$?
     tail -5 "$out/gpu_tests.log"
   else
     preset=${step#cold:}; only=(); log="$out/$preset.log"

@@ -1,14 +1,19 @@
-"""mode=fused's switches are declared once, in harness/config/fused.py's FusedConfig: a new field there reaches the
-run's label, `--help` and the run's config (its params) with no other line changed."""
+"""harness/config/fused.py: mode=fused's switches are declared once, in FusedConfig: a new field there reaches the
+run's label, `--help` and the run's config (its params) with no other line changed; and what the config refuses for
+mode=fused before anything is built."""
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
 
+import pytest
+
 from harness.config.fused import FUSED_SWITCHES, FusedConfig, switches_help
-from harness.modes.fused import as_run
-from tests.support import REPO
+from harness.errors import ConfigError
+from tests.support import FAST, REPO, run_config
+from tests.unit.kernels.fused.support import FUSED
+
 
 THROWAWAY = '    throwaway: bool = switch(False, "a test\'s switch, used nowhere")\n'
 
@@ -45,11 +50,14 @@ def test_labels_and_help_read_every_switch_from_the_dataclass():
     assert [line.split(" (")[0].strip() for line in switches_help()] == list(FUSED_SWITCHES)
 
 
-def test_a_switch_whose_hardware_the_device_lacks_runs_off():
-    """On a CPU the Hopper-only techniques and the slices run off; on a GPU older than Hopper the slices stay on;
-    a switch the user turned off stays off everywhere."""
-    wanted = FusedConfig(prefetch=True, split_k=False)
-    cpu, older, hopper = as_run(wanted, False, False), as_run(wanted, True, False), as_run(wanted, True, True)
-    assert (cpu.pdl, cpu.prefetch, cpu.weights_ahead, cpu.tma, cpu.slices) == (False,) * 5
-    assert (older.slices, older.pdl, older.tma) == (True, False, False)
-    assert hopper == wanted and not hopper.split_k and cpu.packed and cpu.fold_attention
+def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
+    cfg = run_config(*FUSED, "fused.pdl=false")
+    assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")
+    with pytest.raises(ConfigError, match=r"^model=qwen3-30b-a3b \(model_type=qwen3_moe\) is not covered by mode=fused"):
+        run_config("mode=fused", "model=qwen3-30b-a3b")
+    with pytest.raises(ConfigError, match="^attn=flex is invalid with mode=fused: .* use attn=triton-decode$"):
+        run_config(*FUSED, "attn=flex")
+    with pytest.raises(ConfigError, match="^fused.split_k applies to mode=fused only, not mode=eager$"):
+        run_config(*FAST, "fused.split_k=false")
+    with pytest.raises(ConfigError, match="^model.fuse_projections=true is invalid with mode=fused"):
+        run_config(*FUSED, "model.fuse_projections=true")
