@@ -5,6 +5,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harness.kernels.triton_runtime import interpret_without_gpu
 
@@ -28,7 +29,8 @@ def workdir(tmp_path: Path, monkeypatch) -> Path:
 def no_saved_compiled_steps(monkeypatch):
     """No compiled step saved on disk by one test (or an earlier run of the suite) is loaded by another: a saved step
     keeps no guard on the Python it traced, and some tests patch a model's computation in ways its key cannot see.
-    The tests of saved steps turn them on in a folder of their own (tests/test_saved_steps.py)."""
+    The tests of saved steps turn them on in a folder of their own (tests/unit/modes/test_saved_step.py,
+    tests/e2e/test_saved_steps.py)."""
     monkeypatch.setenv("HARNESS_SAVE_COMPILED_STEPS", "0")
 
 
@@ -49,6 +51,26 @@ def fresh_model_cache():
     models.release_models()
     yield
     models.release_models()
+
+
+@pytest.fixture
+def torch_threads():
+    """torch's thread count restored after the test (a job sets its own)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """A temporary folder of this test's own as the process's, to see what a command leaves in it."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return tmp
 
 
 @pytest.fixture
