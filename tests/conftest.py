@@ -1,4 +1,4 @@
-"""Fixtures the tests share; plain helpers are in tests/support.py."""
+"""Fixtures the tests share, and the markers a test's folder gives it; plain helpers are in tests/support.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +15,27 @@ from harness import models  # noqa: E402
 from harness.measure import references  # noqa: E402
 from harness.modes import kept_context  # noqa: E402
 from tests.support import FAST, SECRET, MlflowServer, run_harness  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+# A test's first folder under tests/ gives it this marker; the default run (pyproject's addopts) leaves both out
+FOLDER_MARKS = {"e2e": "e2e", "gpu": "gpu"}
+
+
+def folder_mark(path: Path) -> str | None:
+    """The marker a test file's first folder under tests/ gives it (tests/e2e/... -> e2e), or None."""
+    try:
+        first = Path(path).resolve().relative_to(TESTS).parts[0]
+    except ValueError:
+        return None
+    return FOLDER_MARKS.get(first)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        mark = folder_mark(item.path)
+        if mark is not None:
+            item.add_marker(mark)
 
 
 @pytest.fixture

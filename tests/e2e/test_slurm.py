@@ -13,8 +13,9 @@ from mlflow.tracking import MlflowClient
 from tests import slurm_cluster
 from tests.support import FAST, REPO, MlflowServer, run_harness, runs_by_kind
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(slurm_cluster.missing() is not None,
-                                                  reason=f"no SLURM here: {slurm_cluster.missing()}")]
+# one cluster a machine (slurmctld's ports, munged): under pytest-xdist (--dist loadgroup) in one worker
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("slurm"),
+              pytest.mark.skipif(slurm_cluster.missing() is not None, reason=f"no SLURM here: {slurm_cluster.missing()}")]
 
 
 LAUNCH = ["hydra/launcher=slurm", "hydra.launcher.array_parallelism=2", "hydra.launcher.gpus_per_node=null",
