@@ -22,22 +22,24 @@ def _overlaps(results: list[dict]) -> list[tuple]:
     return [(a[3], b[3]) for a, b in zip(spans, spans[1:]) if a[0] == b[0] and b[1] < a[2]]
 
 
-def test_six_jobs_on_two_slots_never_share_a_slot_and_land_in_one_sweep(workdir):
-    proc = run_harness("-m", *POOL, "hydra.launcher.gpus=[0,1]", *FAST, "bs=1,2,3", "seed=0,1", cwd=workdir)
+def test_four_jobs_on_two_slots_never_share_a_slot_and_land_in_one_sweep(workdir):
+    """Four jobs on two slots: a slot is asked for a job while it may still run one (the overlap a shared slot would
+    show), at the fewest jobs that ask it of both."""
+    proc = run_harness("-m", *POOL, "hydra.launcher.gpus=[0,1]", *FAST, "bs=1,2", "seed=0,1", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "6 jobs over GPUs 0,1, one job a GPU at a time" in proc.stderr
-    assert "6 finished, 0 failed" in proc.stdout
+    assert "4 jobs over GPUs 0,1, one job a GPU at a time" in proc.stderr
+    assert "4 finished, 0 failed" in proc.stdout
     results = _results(workdir)
-    assert len(results) == 6 and all(r["status"] == "FINISHED" for r in results)
+    assert len(results) == 4 and all(r["status"] == "FINISHED" for r in results)
     assert {r["environment"]["gpu_slot"] for r in results} == {"0", "1"}  # both slots ran jobs
     assert _overlaps(results) == []
     _, parents, children = runs_by_kind(store(workdir))
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 6
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 4
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     # each job's own output in the sweep's one submitit folder, named by its process (no folder a job: submitit makes
     # that only after the job's process started, which may already be opening its log there)
     (submitit,) = (workdir / "outputs").glob("sweeps/*/*/.submitit")
-    assert len(list(submitit.glob("*_0_log.out"))) == 6 and not [p for p in submitit.iterdir() if p.is_dir()]
+    assert len(list(submitit.glob("*_0_log.out"))) == 4 and not [p for p in submitit.iterdir() if p.is_dir()]
 
 
 def test_a_killed_job_frees_its_slot_and_the_rest_finish(workdir):

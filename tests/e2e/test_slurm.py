@@ -53,12 +53,12 @@ def assert_complete_sweep(url: str, n: int) -> None:
 def test_a_sweep_runs_as_slurm_jobs_and_logs_to_one_server(workdir, cluster, mlflow_server):
     root, env = cluster
     before = len(sacct_jobs(env))
-    proc = run_harness("-m", *LAUNCH, *FAST, "bs=1,2,3,4", cwd=workdir,
+    proc = run_harness("-m", *LAUNCH, *FAST, "bs=1,2", cwd=workdir,
                        env={**env, "MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert_complete_sweep(mlflow_server, 4)
+    assert_complete_sweep(mlflow_server, 2)
     jobs = sacct_jobs(env)[before:]
-    assert len(jobs) == 4 and all(line.endswith("|COMPLETED") for line in jobs), jobs
+    assert len(jobs) == 2 and all(line.endswith("|COMPLETED") for line in jobs), jobs
 
 
 def test_slurm_with_a_sqlite_store_is_refused(workdir, cluster):
