@@ -1,6 +1,7 @@
 """Fixtures the tests share, and the markers a test's folder gives it; plain helpers are in tests/support.py."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -92,6 +93,23 @@ def own_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)
     return tmp
+
+
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its tables made and nothing logged: its migrations run once a session (seconds)."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def store_in_tmp_path(tmp_path, empty_store_file) -> str:
+    """A store of this test's own at tmp_path/mlflow.db, a copy of the empty one; its URI."""
+    shutil.copyfile(empty_store_file, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 @pytest.fixture

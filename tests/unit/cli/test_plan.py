@@ -9,6 +9,27 @@ import torch
 
 from tests.support import REPO, run_config
 
+COMPOSED = {}  # one job's composed config, by its overrides: the same for every test here
+
+
+@pytest.fixture(autouse=True)
+def each_job_composed_once(monkeypatch):
+    """Hydra composes a job in a tenth of a second or more, and the context preset holds 72, planned by several tests
+    here: each job is composed once for the module, and each plan gets a copy of its own."""
+    import copy
+
+    from harness.cli import plan
+
+    composed = plan.composed
+
+    def once(job: list[str]):
+        key = tuple(job)
+        if key not in COMPOSED:
+            COMPOSED[key] = composed(job)
+        return copy.deepcopy(COMPOSED[key])
+
+    monkeypatch.setattr(plan, "composed", once)
+
 
 @pytest.mark.parametrize("leases, ran", [("every lease", 48), ("without the last lease", 46)])
 def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys, leases, ran):

@@ -78,7 +78,12 @@ def test_the_readme_config_table_is_the_schema():
     assert table == defaults
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")))
+# the presets of dozens of jobs compose for seconds each (Hydra's compose, a job at a time): slow
+MANY_JOBS = {"context", "ladder", "models", "modes-bs"}
+
+
+@pytest.mark.parametrize("preset", [pytest.param(name, marks=[pytest.mark.slow] if name in MANY_JOBS else [])
+                                    for name in sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))])
 def test_every_experiment_preset_composes_into_valid_jobs(preset):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"+experiment={preset}"], return_hydra_config=True)
@@ -90,6 +95,7 @@ def test_every_experiment_preset_composes_into_valid_jobs(preset):
         run_config(f"+experiment={preset}", *job)
 
 
+@pytest.mark.slow
 def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_and_every_backend_graphed():
     """The sweep's exclude rules, applied to the real preset as `harness plan` and the sweeper apply them. Bugs
     caught: a rule that excludes nothing, or too much (a graphed run, or the eager baseline a graphed run's speedup

@@ -46,6 +46,7 @@ def test_more_threads_than_the_usable_cores_warn_and_mark_the_run_noisy(torch_th
     assert "cpu_load" in result.metrics
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(running_threads() is None, reason="the kernel does not report procs_running (/proc/stat)")
 def test_a_machine_loaded_past_its_free_cores_while_timing_warns_and_marks_the_run_noisy(torch_threads, capsys):
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1) + 1)]

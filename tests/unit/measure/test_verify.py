@@ -127,6 +127,7 @@ def test_a_wrong_token_inside_a_call_of_two_steps_fails_the_run(monkeypatch):
     assert result.failure.startswith("the token the run decoded at step 0 (inside a call of several) ranks ")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_model_cache")
 def test_every_applicable_check_is_counted():
     plain = measure(run_config(*FAST, "device=cpu", "dtype=fp32")).metrics  # eager's, sdpa: the reference kernels
@@ -137,6 +138,7 @@ def test_every_applicable_check_is_counted():
     assert flex["read_plan_positions_checked"] == flex["verified_steps"] and "read_plan_positions_checked" not in plain
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_model_cache")
 @pytest.mark.parametrize("context", [8, 128])
 def test_flex_planning_one_block_short_fails_the_run(monkeypatch, context):
@@ -301,7 +303,8 @@ def test_the_teacher_forced_fp32_reference_is_the_step_by_step_decode(monkeypatc
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
-@pytest.mark.parametrize("mode_and_attn", [["mode=eager", "dtype=fp32"], ["mode=eager", "dtype=bf16", "attn=flex"]])
+@pytest.mark.parametrize("mode_and_attn", [["mode=eager", "dtype=fp32"],
+                                           pytest.param(["mode=eager", "dtype=bf16", "attn=flex"], marks=pytest.mark.slow)])
 def test_a_rewind_that_clears_the_context_end_fails_only_through_the_context_digest(monkeypatch, mode_and_attn):
     # at a long context, the context's last K/V zeroed by every rewind moves the logits little, and the free run and
     # every reference decode from that same damaged context (the fp32 one from a copy of it): only the context's

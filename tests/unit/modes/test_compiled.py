@@ -50,6 +50,7 @@ def test_inductor_options_are_in_force_while_the_step_compiles(monkeypatch):
     assert seen and set(seen) == {(False, True)}  # the run's option over the mode's own (max_autotune kept)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_model_cache")
 def test_a_compiled_step_decodes_at_the_caches_own_position():
     """The fast loop's one compiled case (mode=compiled-nograph, Inductor on the CPU, a one-layer tiny model, fp32):

@@ -1,6 +1,7 @@
 """The context a job keeps for the next (harness/modes/kept_context.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.measure.job import measure
@@ -29,6 +30,7 @@ def _fresh_context(cfg, attn: str) -> list[torch.Tensor]:
     return [t[:, :, :cfg.context_len].clone() for layer in stepper.cache.layers for t in (layer.keys, layer.values)]
 
 
+@pytest.mark.slow
 def test_the_next_job_decodes_from_the_context_the_one_before_filled_where_its_own_prefill_would_fill_the_same():
     """A sweep's jobs of one batch and context (eager under sdpa, then sdpa-gqa and triton-decode, which prefill
     through SDPA too): the first prefills and keeps its cache; each next one decodes from that context, logs that it

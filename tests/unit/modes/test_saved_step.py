@@ -51,6 +51,7 @@ def test_a_step_with_a_graph_break_is_not_saved_and_later_sweeps_are_told_why(tm
     assert saved_step.not_kept_note(path).read_text().startswith("the step cannot be kept on disk: ")
 
 
+@pytest.mark.slow
 def test_a_loaded_step_runs_its_compiled_code_not_the_models_python(tmp_path, fresh_model_cache):
     """A step loaded from disk by a job with a model of its own: calling it runs no layer's Python (a stepper that
     fell back to eager, or to tracing again, would call the booby-trapped layer), and its logits are eager's."""
@@ -84,6 +85,7 @@ def test_a_loaded_step_runs_its_compiled_code_not_the_models_python(tmp_path, fr
     assert torch.allclose(logits, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_saved_step_whose_guards_reject_the_jobs_model_is_traced_afresh_not_called(tmp_path, monkeypatch,
                                                                                       fresh_model_cache):
     """A step saved over a model of ordinary parameters, found under the same name by a job whose model holds
@@ -154,6 +156,7 @@ def test_the_budget_is_read_in_mb(monkeypatch, value, budget):
     assert budget_bytes() == budget
 
 
+@pytest.mark.slow
 def test_a_saved_step_prunes_the_folder_and_a_loaded_one_counts_as_used(tmp_path, monkeypatch, fresh_model_cache):
     """A job that traces and saves its step brings the folder within HARNESS_SAVED_STEPS_MAX_MB, oldest first, and
     says so in a tag; a job that loads a step marks it used, so that the next pruning keeps it over older ones."""

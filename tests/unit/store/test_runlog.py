@@ -1,11 +1,12 @@
 """What a job logs to the store (harness/store/runlog.py)."""
 from __future__ import annotations
 
+import pytest
+
 from tests.support import eager_only_records
 
 
-
-
+@pytest.mark.usefixtures("store_in_tmp_path")  # the store at tmp_path/mlflow.db, made in milliseconds
 def test_a_jobs_median_is_logged_to_four_significant_figures_and_counts_as_they_are(tmp_path):
     from mlflow.tracking import MlflowClient
 

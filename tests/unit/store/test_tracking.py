@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.usefixtures("store_in_tmp_path")  # the store at tmp_path/mlflow.db, made in milliseconds
 def test_a_run_id_prefix_of_8_characters_names_the_run_where_it_is_unique(tmp_path):
     from mlflow.tracking import MlflowClient
 
