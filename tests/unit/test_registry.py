@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from harness.analysis.report import table_markdown
 from harness.analysis.rows import row_of
@@ -13,6 +16,7 @@ from harness.config.schema import ConfigError
 from harness.kernels import ATTENTION, VALID_PREFIX, AttentionSpec
 from harness.measure.job import measure
 from harness.modes import MODES, ModeSpec
+from harness.modes.eager import EagerMode, EagerStepper
 from harness.record import JobRecord
 from tests.support import FAST, run_config
 
@@ -29,6 +33,19 @@ def test_every_registered_mode_names_a_mode_class_that_is_there():
     assert len(set(classes.values())) == len(MODES)  # no two names for one class
     for name in MODES:
         assert run_config(f"mode={name}").mode == name
+
+
+class ThrowawayStepper(EagerStepper):
+    """A mode that exists only in this test: eager steps, reported under another name."""
+
+
+class ThrowawayMode(EagerMode):
+    name = "throwaway"
+
+    def prepare(self, model, prompt, cfg):
+        stepper = ThrowawayStepper(model, prompt, cfg.cache_len)
+        stepper.tags["throwaway"] = "yes"
+        return stepper
 
 
 def test_a_new_mode_is_one_class_and_one_registry_line(monkeypatch):
@@ -54,6 +71,17 @@ def test_the_registry_imports_no_torch():
 
 
 calls = []
+
+
+def counted_sdpa(module, query, *args, **kwargs):
+    """transformers' sdpa, counted: proof that a model built with attn=throwaway calls this backend."""
+    calls.append(query.shape[2])
+    return sdpa_attention_forward(module, query, *args, **kwargs)
+
+
+def use_throwaway(device) -> None:
+    AttentionInterface.register("throwaway", counted_sdpa)
+    AttentionMaskInterface.register("throwaway", sdpa_mask)
 
 
 def test_a_new_attention_backend_is_one_function_and_one_registry_line(monkeypatch, tmp_path):
