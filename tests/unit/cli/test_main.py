@@ -132,3 +132,21 @@ def test_a_budget_that_is_not_a_size_is_refused_in_one_line_before_anything_is_c
                            "saved compiled steps may take, a number >= 0 (default 2048; 0 keeps only the step "
                            "saved last)")
     assert list(workdir.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("bs=0,1", "bs=0 is invalid: the batch size must be >= 1 (in the sweep's job"),
+    ("mode=eager,bogus", "mode=bogus is invalid: use one of eager, graphed, bucketed"),
+    ("dtype=bf16,int3", "Invalid value 'int3', expected one of [bf16, fp16, fp32]"),
+])
+def test_a_sweep_with_a_bad_value_in_any_job_is_refused_before_anything_is_created(workdir, capsys, bad, says):
+    """A bad value is refused as a single run's is (one line, exit 2, no store, no folder), whichever job holds it.
+    A job that fails as it runs (no GPU, out of memory) is recorded FAILED and the rest run:
+    tests/e2e/test_sweep.py::test_an_oom_in_one_job_leaves_the_others_finished."""
+    from harness.cli.main import main
+
+    assert main(["-m", *FAST, bad]) == 2
+    out = capsys.readouterr()
+    assert says in out.err, out.err
+    assert len(out.err.strip().splitlines()) == 1 and out.out == ""
+    assert list(workdir.iterdir()) == []

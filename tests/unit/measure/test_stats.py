@@ -27,6 +27,7 @@ def test_the_interval_of_the_median_resamples_every_block():
     assert m["step_ms_ci_pct"] == pytest.approx(50.0)
 
 
+@pytest.mark.slow  # 2000 draws of 40 pairs
 def test_pairs_from_several_processes_are_drawn_process_by_process():
     """Four processes, each with B / A constant inside it (1.0, 1.1, 1.2 and 1.3: a compile's choice per process).
     Drawn process by process, the interval spans what a fifth process could show; drawn as 40 pairs of one process
