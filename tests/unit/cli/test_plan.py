@@ -31,6 +31,7 @@ def each_job_composed_once(monkeypatch):
     monkeypatch.setattr(plan, "composed", once)
 
 
+@pytest.mark.slow  # composes a preset's dozens of jobs through Hydra
 @pytest.mark.parametrize("leases, ran", [("every lease", 48), ("without the last lease", 46)])
 def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys, leases, ran):
     """`harness plan --past DIR` with no store: each job's estimate is the median of its config's finished runs among
@@ -64,6 +65,7 @@ def test_plan_estimates_a_preset_from_committed_result_files(workdir, capsys, le
     assert sum("no past run" in line for line in out) == 48 - ran
 
 
+@pytest.mark.slow  # composes a preset's dozens of jobs through Hydra
 def test_plan_on_several_gpus_gives_each_job_in_turn_the_first_gpu_free(workdir, capsys):
     """`harness plan --gpus N`: the sweep's wall where each job, in the sweep's order, takes the first GPU to come free
     (hydra/launcher=gpus's queue). Bugs caught: jobs dealt round-robin (20 s below), the total split evenly (11 s)."""
@@ -84,6 +86,7 @@ def test_plan_on_several_gpus_gives_each_job_in_turn_the_first_gpu_free(workdir,
     assert "--gpus: '0' is not a count of GPUs: use a whole number of 1 or more" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # composes a preset's dozens of jobs through Hydra
 def test_plan_numbers_the_jobs_as_the_sweep_ran_them(workdir, capsys):
     """`harness plan` lists a preset's jobs in the order the harness sweeper runs them (grouped by model, the grid's
     order within one), checked against the job numbers of the models preset's sweep on the H200, whose result files
