@@ -68,19 +68,24 @@ def no_kept_references():
 
 
 @pytest.fixture
-def fresh_model_cache():
+def fresh_model_cache(request):
     """No model built by an earlier test, and none left for a later one: the model cache (and the context kept from
-    one of its models) is emptied before and after. On a CPU that is all: the full garbage collection that
-    release_models() adds would take a large share of a tiny job's time, to free a model of a few MB. A GPU's
-    models are released whole, as their memory must come back."""
-    models._cache.clear()
-    kept_context.drop()
+    one of its models) is emptied before and after. For a fast test on a CPU that is all: the full garbage
+    collection release_models() adds would take a large share of a tiny job's time, to free a model of a few MB.
+    A slow test (Inductor's compiles: Dynamo's cache entries for a model go only with it) and any test on a GPU
+    (its memory must come back) release the models whole."""
+    whole = torch.cuda.is_available() or request.node.get_closest_marker("slow") is not None
+
+    def release():
+        if whole:
+            models.release_models()
+        else:
+            models._cache.clear()
+            kept_context.drop()
+
+    release()
     yield
-    if torch.cuda.is_available():
-        models.release_models()
-    else:
-        models._cache.clear()
-        kept_context.drop()
+    release()
 
 
 @pytest.fixture
