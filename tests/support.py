@@ -89,6 +89,30 @@ def runs_by_kind(client: MlflowClient):
     return exp, parents, children
 
 
+def child_runs(workdir: Path):
+    return runs_by_kind(store(workdir))[2]
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    """Run a subcommand in process; it must fail with exit 2 and exactly one line on stderr."""
+    from harness.cli import commands as cli
+
+    assert cli.main(list(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+def eager_only_records():
+    """Two finished eager runs of a bs sweep, as result files hold them."""
+    from harness.record import JobRecord
+
+    return [JobRecord(label=f"bs={bs} tiny ctx=8 cache=64 eager", config={"bs": bs, "mode": "eager", "context_len": 8,
+                      "cache_len": 64, "dtype": "fp32", "model": {"name": "tiny"}}, status="FINISHED", job_dir=f"/x/{bs}",
+                      metrics={"step_ms_median": 2.0 * bs, "verified": 1.0}, mlflow_run_id=f"run{bs}", varying=["bs"])
+            for bs in (1, 2)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

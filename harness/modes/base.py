@@ -85,7 +85,7 @@ def prefill(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor
 
 def prefill_over_every_slot(model: torch.nn.Module, cache, prompt: torch.Tensor) -> torch.Tensor:
     """transformers' own prefill into the static cache (SDPA over every slot of it, masked), in chunks where it is
-    long: what `prefill` must equal, token for token (tests/test_time_to_answer.py)."""
+    long: what `prefill` must equal, token for token (tests/unit/modes/test_base.py)."""
     chunk = prefill_chunk(prompt.shape[0], prompt.shape[1], cache.layers[0].max_cache_len)
     for start in range(0, prompt.shape[1], chunk):
         out = model(input_ids=prompt[:, start:start + chunk], **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1)

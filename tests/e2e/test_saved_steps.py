@@ -1,0 +1,107 @@
+"""Compiled steps and kernels kept on disk, read by a later sweep of the real CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.modes.compiled import LOADED, TRACED
+from tests.support import FAST, run_harness
+
+
+REGIONAL_FP32 = [*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", "compile_regions=true",
+                 "model.tie_word_embeddings=false"]
+
+
+def _results(folder):
+    return [json.loads(p.read_text()) for p in folder.glob("outputs/**/result.json")]
+
+
+@pytest.mark.slow
+def test_a_later_sweep_loads_the_step_the_first_saved_and_a_fault_or_a_damaged_file_is_traced_afresh(workdir):
+    """Sweep one traces, compiles and saves the step; sweep two loads it (no trace) and is verified; a cut-short file
+    is traced and saved again; a test's fault never loads the clean step (it would then pass) and is not saved."""
+    cache = workdir / "cache"
+    env = {"HARNESS_CACHE_DIR": str(cache), "HARNESS_SAVE_COMPILED_STEPS": "1"}
+
+    def sweep(name: str, **more_env: str) -> dict:
+        (workdir / name).mkdir()
+        done = run_harness(*REGIONAL_FP32, cwd=workdir / name, env={**env, **more_env})
+        (result,) = _results(workdir / name)
+        assert done.returncode == (0 if result["status"] == "FINISHED" else 1), done.stderr
+        return result
+
+    cold = sweep("cold")
+    (saved,) = (cache / "compile" / "steps").glob("*.step")
+    assert cold["mode_tags"]["compiled_step"].startswith("traced and compiled, and saved for later sweeps")
+    assert cold["metrics"]["compile_step_loaded"] == 0.0 and cold["metrics"]["compile_trace_ms"] > 0
+    warm = sweep("warm")
+    assert warm["mode_tags"]["compiled_step"] == f"loaded: the saved step (its trace and Inductor's code) of an " \
+                                                f"earlier sweep, {saved.stem}"
+    assert warm["metrics"]["compile_step_loaded"] == 1.0 and warm["metrics"]["compile_cache_hit"] == 1.0
+    assert warm["metrics"].get("compile_trace_ms", 0.0) == 0.0  # Dynamo read no Python
+    assert warm["metrics"]["compile_ms"] < cold["metrics"]["compile_ms"]
+    assert cold["metrics"]["verified"] == warm["metrics"]["verified"] == 1.0
+
+    saved.write_bytes(saved.read_bytes()[:1000])
+    damaged = sweep("damaged")
+    assert damaged["mode_tags"]["compiled_step_load_failed"].startswith(
+        f"the saved step {saved.name} could not be loaded")
+    assert damaged["metrics"]["compile_step_loaded"] == 0.0 and damaged["metrics"]["verified"] == 1.0
+    assert saved.stat().st_size > 1000  # traced and saved whole again
+
+    mutated = sweep("mutated", HARNESS_INJECT_MUTATION="rope_off_by_one")
+    assert mutated["status"] == "FAILED" and mutated["metrics"]["verified"] == 0.0
+    assert mutated["mode_tags"]["compiled_step"] == "not kept: a test's fault (rope_off_by_one) is injected"
+    assert [p.name for p in (cache / "compile" / "steps").iterdir()] == [saved.name]
+
+
+@pytest.mark.slow
+def test_an_ab_with_fresh_compiles_traces_its_steps_again_instead_of_loading_the_saved_ones(workdir):
+    """`harness ab --fresh-compiles` asks what a machine that never compiled the config would run: its processes must
+    not load the steps an earlier A/B saved. Bug caught: the fresh processes given empty Inductor and Triton caches
+    but the harness's own folder, where each loaded the saved step (`prepared`: loaded) and compiled nothing."""
+    cache = workdir / "cache"
+    env = {"HARNESS_CACHE_DIR": str(cache), "HARNESS_SAVE_COMPILED_STEPS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    arms = ["+inductor.epilogue_fusion=false", "+inductor.epilogue_fusion=true"]
+    common = [*REGIONAL_FP32, "--pairs", "2", "--threshold", "50%"]
+
+    def ab(out: str, *more: str) -> dict:
+        done = run_harness("ab", *arms, *common, "--out", out, *more, cwd=workdir, env=env)
+        assert done.returncode in (0, 1), done.stderr  # 1: B slower, which two tiny CPU arms may be
+        return json.loads((workdir / out / "ab.json").read_text())
+
+    first = ab("first")
+    saved = sorted(p.name for p in (cache / "compile" / "steps").glob("*.step"))
+    assert len(saved) == 2 and [line for arm in first["prepared"] for line in arm] == [TRACED] * 2
+    assert [line for arm in ab("again")["prepared"] for line in arm] == [LOADED] * 2  # the saved steps do load
+    fresh = ab("fresh", "--fresh-compiles")
+    assert [line for arm in fresh["prepared"] for line in arm] == [TRACED] * 2
+    assert sorted(p.name for p in (cache / "compile" / "steps").glob("*.step")) == saved  # nor wrote there
+
+
+@pytest.mark.slow
+def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_first_wrote(workdir):
+    """Two sweeps, two processes: the second's compile reads Inductor's FX graph cache under HARNESS_CACHE_DIR (with
+    the saved steps off; with them on, it loads the step itself: the first test here)."""
+    import json
+
+    from tests.support import run_harness
+
+    env = {"HARNESS_CACHE_DIR": str(workdir / "cache"), "HARNESS_SAVE_COMPILED_STEPS": "0"}
+    for sweep in ("cold", "warm"):
+        (workdir / sweep).mkdir()
+        done = run_harness(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", cwd=workdir / sweep, env=env)
+        assert done.returncode == 0, done.stderr
+    (cold,), (warm,) = ([json.loads(p.read_text())["metrics"] for p in (workdir / s).glob("outputs/**/result.json")]
+                        for s in ("cold", "warm"))
+    assert cold["compile_cache_hit"] == 0.0 and cold["compile_graphs_compiled"] >= 1
+    assert warm["compile_cache_hit"] == 1.0 and warm["compile_graphs_from_cache"] >= 1
+    assert warm["verified"] == 1.0 and any((workdir / "cache" / "compile" / "inductor").rglob("*"))
+    # where each compile's time went: both traced the step; the warm one's backend read what the cold one built
+    for m in (cold, warm):
+        assert 0 < m["compile_trace_ms"] and 0 < m["compile_backend_ms"]
+        assert m["compile_trace_ms"] + m["compile_backend_ms"] <= m["compile_dynamo_ms"] <= m["compile_ms"]
+        assert m["compile_calls_ms"] == pytest.approx(m["compile_ms"] - m["compile_dynamo_ms"])
+    assert warm["compile_backend_ms"] < cold["compile_backend_ms"]
