@@ -73,11 +73,12 @@ def test_graph_options_are_checked(overrides, says):
 
 @pytest.mark.usefixtures("fresh_model_cache")
 def test_cache_len_counts_whole_replays_of_graph_steps():
-    # 16 prompt + warmup 10 -> 3 replays of 4 (12) + decode 130 -> 33 replays (132) = 160
+    # 16 prompt + warmup 10 (its 3 replays of 4 end at 28, and the timed blocks start at 26: timing.to_the_window)
+    # + decode 130 -> 33 replays (132) = 158
     ok = ["graph_steps=4", "mode=graphed", "context_len=16", "warmup=10", "decode_tokens=130"]
-    assert run_config(*ok, "cache_len=160").cache_len == 160
-    with pytest.raises(ConfigError, match="in whole replays of graph_steps=4, = 160 tokens must fit; use cache_len>=160"):
-        run_config(*ok, "cache_len=159")
+    assert run_config(*ok, "cache_len=158").cache_len == 158
+    with pytest.raises(ConfigError, match="in whole replays of graph_steps=4, = 158 tokens must fit; use cache_len>=158"):
+        run_config(*ok, "cache_len=157")
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
