@@ -91,6 +91,7 @@ def test_the_results_folder_stays_under_5_mb():
 
 @pytest.mark.parametrize("image", sorted({m.group(1) for p in [REPO / "README.md", *PAGES]
                                           for m in IMAGE.finditer(_text(p))}))
+@pytest.mark.slow
 def test_every_chart_shown_is_harness_reports_chart_of_its_set(image, tmp_path):
     """The committed PNG exists, and `harness report SET --out DIR` draws that chart again at the same size."""
     path = REPO / (image if image.startswith("docs/") else f"docs/{image}")

@@ -35,6 +35,7 @@ FAMILIES = {"qwen3": ["model=tiny"], "llama": ["model=llama-3.2-1b", *TINY_DIMS]
 
 @pytest.mark.usefixtures("fresh_model_cache")
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_a_local_checkpoint_loads_as_safetensors(tmp_path, family):
     cfg = run_config(*FAST, "device=cpu", "dtype=fp32", *FAMILIES[family])
     assert cfg.model.model_type == family
@@ -122,6 +123,7 @@ def test_fused_model_decodes_the_same_tokens():
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_a_random_tiny_model_decodes_a_varied_sequence():
     """Seeded random weights at 2/sqrt(hidden): greedy decode moves on (at std 0.02 it repeated every token)."""
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "decode_tokens=32"))

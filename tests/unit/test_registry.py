@@ -23,6 +23,7 @@ from tests.support import FAST, run_config
 pytestmark = pytest.mark.usefixtures("fresh_model_cache")
 
 
+@pytest.mark.slow
 def test_every_registered_mode_names_a_mode_class_that_is_there():
     """Bug caught: a registry line whose target names a module or class that is not there (a rename, a typo). The
     schema reads names only, so it would accept `mode=NAME`, and every job of that mode would fail as it started."""
@@ -48,6 +49,7 @@ class ThrowawayMode(EagerMode):
         return stepper
 
 
+@pytest.mark.slow
 def test_a_new_mode_is_one_class_and_one_registry_line(monkeypatch):
     monkeypatch.setitem(MODES, "throwaway", ModeSpec("throwaway", f"{__name__}:ThrowawayMode", graph_steps=True))
     cfg = run_config(*FAST, "mode=throwaway", "graph_steps=2", "device=cpu", "dtype=fp32")  # the schema asks the registry
@@ -84,6 +86,7 @@ def use_throwaway(device) -> None:
     AttentionMaskInterface.register("throwaway", sdpa_mask)
 
 
+@pytest.mark.slow
 def test_a_new_attention_backend_is_one_function_and_one_registry_line(monkeypatch, tmp_path):
     # not the reference, so judged against fp32; "reads" the valid prefix in blocks of 32, for the roofline
     spec = AttentionSpec("throwaway", VALID_PREFIX, setup=f"{__name__}:use_throwaway", block=32, cache_in_blocks=True)

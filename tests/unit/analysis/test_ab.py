@@ -30,6 +30,7 @@ def test_an_ambiguous_verdict_says_how_many_pairs_would_decide_it():
     assert block_spread_pct([[1.0, 1.0], [1.0, 1.0], [1.1, 1.1], [0.9, 0.9]]) == pytest.approx(7.0711, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_the_arms_differences_name_a_default_value_as_it_is():
     """Arm B at a key's default (`fused.pdl=true`): shown as True, where the identity alone (which leaves defaults
     out) showed None."""
@@ -48,6 +49,7 @@ def test_each_process_ratio_is_its_own_blocks_medians():
     assert process_ratios(blocks_a, blocks_b, [0, 0, 0, 0]) == pytest.approx([1.7 / 1.5])  # one process: all steps
 
 
+@pytest.mark.slow
 def test_an_ab_undecided_across_processes_asks_for_more_processes_not_pairs():
     """Two processes that compiled afresh, B / A 0.98 in one and 1.01 in the other (what two compiles of one Inductor
     config gave on one H200): the interval spans both, straddles 0.99, and only more processes narrow it. Bug
@@ -85,6 +87,7 @@ def test_an_arm_that_compiled_nothing_is_called_out():
     assert not any("compiled nothing" in line for r in (both, eager) for line in _preparation(r))
 
 
+@pytest.mark.slow
 def test_ab_arms_that_differ_in_dtype_are_named_apart():
     """The A/B's result names each arm by the keys they differ in first (its arms were both `tiny bs=1 ... eager`)."""
     import torch as _torch

@@ -19,6 +19,7 @@ def _record(bs: int, median: float, env: dict | None = None, seed: int = 0, stat
                      status=status, step_ms=steps, environment=env or {"torch": "2.11"})
 
 
+@pytest.mark.slow
 def test_verdicts_come_from_the_ratio_interval_at_the_threshold():
     base = [_record(1, 10.0), _record(2, 10.0), _record(4, 10.0), _record(8, 10.0)]
     cand = [_record(1, 10.01, seed=1), _record(2, 11.0, seed=2), _record(4, 9.0, seed=3), _record(16, 10.0)]
@@ -35,6 +36,7 @@ def test_verdicts_come_from_the_ratio_interval_at_the_threshold():
     assert len(compare([_record(2, 10.0)], moved, [], 0.03)[0]) == 1
 
 
+@pytest.mark.slow
 def test_ignored_keys_match_runs_that_differ_in_them_and_environments_are_diffed():
     base = [_record(1, 10.0, attn="sdpa")]
     cand = [_record(1, 5.0, attn="flex", env={"torch": "2.13", "gpu_uuid": "GPU-b"})]
@@ -47,6 +49,7 @@ def test_ignored_keys_match_runs_that_differ_in_them_and_environments_are_diffed
         parse_threshold("150%")
 
 
+@pytest.mark.slow
 def test_a_config_run_twice_pairs_once_and_the_others_are_listed():
     base = [_record(1, 10.0), _record(1, 10.0, seed=5), _record(2, 10.0, status="FAILED")]
     cand = [_record(1, 10.0, seed=6), _record(1, 10.0, seed=7)]

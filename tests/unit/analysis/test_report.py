@@ -90,6 +90,7 @@ def test_the_context_plot_has_a_line_per_mode_and_attn_and_the_floor(monkeypatch
     assert floors == {("qwen3-0.6b", "floor"): {(1024, 0.25), (4096, 1.0), (16384, 4.0)}}
 
 
+@pytest.mark.slow
 def test_a_model_sweep_plots_speedup_and_latency_against_model_size(monkeypatch, tmp_path):
     drawn = {}
     monkeypatch.setattr(report, "_draw", lambda series, floors, x, ylabel, path: drawn.setdefault(path.stem, (series, floors)))

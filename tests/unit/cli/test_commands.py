@@ -1,6 +1,8 @@
 """The subcommands (harness/cli/commands.py) in process."""
 from __future__ import annotations
 
+import pytest
+
 from tests.support import eager_only_records
 
 
@@ -15,6 +17,7 @@ def written_sweep(folder, median: float):
     return folder
 
 
+@pytest.mark.slow
 def test_report_and_compare_leave_no_harness_folder_in_tmp(tmp_path, monkeypatch, own_tmp):
     from harness.cli import commands
 

@@ -139,6 +139,7 @@ def test_a_budget_that_is_not_a_size_is_refused_in_one_line_before_anything_is_c
     ("mode=eager,bogus", "mode=bogus is invalid: use one of eager, graphed, bucketed"),
     ("dtype=bf16,int3", "Invalid value 'int3', expected one of [bf16, fp16, fp32]"),
 ])
+@pytest.mark.slow
 def test_a_sweep_with_a_bad_value_in_any_job_is_refused_before_anything_is_created(workdir, capsys, bad, says):
     """A bad value is refused as a single run's is (one line, exit 2, no store, no folder), whichever job holds it.
     A job that fails as it runs (no GPU, out of memory) is recorded FAILED and the rest run:

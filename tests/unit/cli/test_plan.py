@@ -107,6 +107,7 @@ def test_plan_numbers_the_jobs_as_the_sweep_ran_them(workdir, capsys):
     assert {n: words(listed[n]) for n in ran} == {n: words(label) for n, label in ran.items()}
 
 
+@pytest.mark.slow
 def test_the_cpu_preset_holds_the_design_cards_batch_sizes_eager_on_the_cpu_only():
     """The CPU set-up command's sweep: the design card's batch sizes, each a job a CPU can run (eager on the CPU,
     the tiny model), so that it ends with exit 0 where the design card's graphed jobs fail by design."""

@@ -8,6 +8,7 @@ from harness.errors import ConfigError
 from tests.support import FAST
 
 
+@pytest.mark.slow
 def test_a_sweeps_exclude_rules_keep_a_job_they_leave_out_from_refusing_it(tmp_path, monkeypatch):
     """A job the sweep's exclude rules leave out is never run, so its config does not refuse the sweep."""
     from harness.cli.precheck import check_sweep

@@ -6,6 +6,7 @@ import pytest
 from tests.support import FAST, run_config
 
 
+@pytest.mark.slow
 def test_a_rerun_of_a_sweep_keeps_the_key_its_runs_differ_in():
     from harness.cli.rerun import rerun_config, varying_in
     from harness.config.labels import run_label

@@ -18,6 +18,7 @@ from tests.unit.kernels.fused.support import FUSED
 THROWAWAY = '    throwaway: bool = switch(False, "a test\'s switch, used nowhere")\n'
 
 
+@pytest.mark.slow
 def test_a_new_switch_is_one_field_and_shows_in_labels_help_and_the_run_config(tmp_path):
     """A copy of the harness whose FusedConfig has one more field (the only line added): `--help` lists it, a run
     that sets it is named by it, and the job's config (which its MLflow params flatten) holds it."""
@@ -50,6 +51,7 @@ def test_labels_and_help_read_every_switch_from_the_dataclass():
     assert [line.split(" (")[0].strip() for line in switches_help()] == list(FUSED_SWITCHES)
 
 
+@pytest.mark.slow
 def test_the_config_gives_fused_its_attention_and_refuses_what_it_cannot_run():
     cfg = run_config(*FUSED, "fused.pdl=false")
     assert cfg.attn == "triton-decode" and cfg.label.endswith("fused pdl=off")

@@ -41,6 +41,7 @@ def test_tiny_is_a_two_layer_qwen3():
     assert m.model_type == "qwen3" and m.num_hidden_layers == 2
 
 
+@pytest.mark.slow
 def test_the_design_card_preset_is_the_design_cards_sweep():
     """Reads conf/experiment/design-card.yaml itself. Bugs caught: a preset that drifts from the design card
     (another bs list, a mode dropped, a key the article did not sweep), or one whose jobs would not all compose:
@@ -141,6 +142,7 @@ def _stored_config(*overrides: str) -> dict:
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_a_stored_runs_hash_is_unchanged_by_a_new_key_with_its_default():
     config = _stored_config("model=tiny")
     # the hash this version stores for the tiny default run: resume and compare find it across later versions
@@ -155,6 +157,7 @@ def test_a_stored_runs_hash_is_unchanged_by_a_new_key_with_its_default():
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_cache_len_follows_from_the_context_unless_given():
     assert run_config("context_len=1000").cache_len == 1280  # 1000 + 10 + 128, rounded up to 256
     assert run_config("context_len=16").cache_len == 256

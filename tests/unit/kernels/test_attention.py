@@ -85,6 +85,7 @@ def test_sdpa_nocudnn_holds_its_decode_steps_off_cudnn_and_computes_what_sdpa_do
 
 
 @pytest.mark.parametrize("position", [0, 5, 127, 128, 200, 255])
+@pytest.mark.slow
 def test_flex_decode_reads_the_valid_prefix_only(position):
     """Slots after the position hold garbage: flex must give SDPA's answer over the valid prefix alone."""
     g = torch.Generator().manual_seed(position)

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.usefixtures("fresh_model_cache")
     # token alone at 128, 192, 448); from 448 on the 8th chunk is in use (448: the newest token alone in it), so
     # a merge that dropped its last chunk fails at 448, 449 and 511
     *((1, 4, 1, 512, p) for p in (1, 62, 63, 64, 65, 128, 129, 192, 193, 448, 449, 511))])
+@pytest.mark.slow
 def test_triton_decode_reads_the_valid_prefix_only(bs, heads, kv_heads, slots, position):
     """Split-KV over the valid prefix, chunks merged: SDPA's answer over slots [0, position] alone, for
     groups of 1 to 8 query heads per KV head, a first slot, a chunk's edge, a whole cache."""
@@ -38,6 +39,7 @@ def test_triton_decode_reads_the_valid_prefix_only(bs, heads, kv_heads, slots, p
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.slow
 def test_triton_decode_in_half_precision_on_a_cpu_computes_in_fp32(dtype):
     """Triton's interpreter multiplies bf16 and fp16 wrongly (errors of ~1e10 seen): there the kernel widens to
     fp32, so a CPU run at the default dtype gets SDPA's answer to the dtype's rounding."""
@@ -68,6 +70,7 @@ print("merge", len(triton.compile(ASTSource(_merge, sig, dict(HEADS=16, D=128, S
 """
 
 
+@pytest.mark.slow
 def test_triton_decode_compiles_for_the_h200():
     """The interpreter checks the arithmetic; Triton's own compiler, run ahead of time for sm_90 (no GPU
     needed), checks that the kernels build as a GPU runs them (bf16, head_dim 128)."""

@@ -15,6 +15,7 @@ from harness.measure.job import measure
 from tests.support import FAST, run_config
 
 
+@pytest.mark.slow
 def test_a_cpu_job_times_on_one_thread_by_default_whatever_torch_had(torch_threads):
     """torch's default uses every core; a CPU step of small kernels then times the scheduler. A job sets
     cpu_threads (default 1) before it builds anything, and logs it."""
@@ -27,6 +28,7 @@ def test_a_cpu_job_times_on_one_thread_by_default_whatever_torch_had(torch_threa
     assert result.mode_tags["cpu_cores"] == f"{usable_cores()} of {os.cpu_count()}"
 
 
+@pytest.mark.slow
 def test_cpu_threads_sets_the_jobs_threads(torch_threads):
     torch.set_num_threads(1)
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "cpu_threads=2"))
@@ -37,6 +39,7 @@ def result_label(threads: int) -> str:
     return run_config(*FAST, "device=cpu", "dtype=fp32", f"cpu_threads={threads}").label
 
 
+@pytest.mark.slow
 def test_more_threads_than_the_usable_cores_warn_and_mark_the_run_noisy(torch_threads, capsys):
     threads = usable_cores() + 1
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", f"cpu_threads={threads}"))
@@ -75,6 +78,7 @@ def test_the_physical_gpu_is_found_through_cuda_visible_devices(monkeypatch):
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_tuning_switches_set_in_the_environment_are_recorded(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
     monkeypatch.setenv("HARNESS_UNRELATED", "x")

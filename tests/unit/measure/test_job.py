@@ -13,6 +13,7 @@ from tests.support import FAST, run_config
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_eager_decode_on_cpu_reports_every_number():
     result = measure(run_config(*FAST, "bs=2", "device=cpu"))
     m = result.metrics
@@ -32,6 +33,7 @@ def test_eager_decode_on_cpu_reports_every_number():
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_a_sweep_reuses_the_model_it_built():
     first = measure(run_config(*FAST, "device=cpu", "bs=1"))
     second = measure(run_config(*FAST, "device=cpu", "bs=2"))
@@ -90,6 +92,7 @@ def test_the_repeat_fraction_counts_steps_that_repeat_the_previous_token():
     assert token_repeat_fraction(tokens[:1]) == 0.0
 
 
+@pytest.mark.slow
 def test_a_jobs_collection_freezes_what_survives_and_releasing_the_models_frees_it(fresh_model_cache):
     """What a job's collection leaves is frozen (later collections skip it); a cycle among frozen objects that became
     garbage is freed once the models are released, not kept for the process's life."""
@@ -114,6 +117,7 @@ def test_a_jobs_collection_freezes_what_survives_and_releasing_the_models_frees_
         gc.unfreeze()
 
 
+@pytest.mark.slow
 def test_a_block_cut_to_the_budget_checks_every_token_it_decoded_and_still_fails_a_fault(monkeypatch):
     cut = ["decode_tokens=48", "cache_len=128", "time_budget_s=0.001", "bs=2", "model.tie_word_embeddings=false"]
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", *cut))
@@ -131,6 +135,7 @@ def test_a_block_cut_to_the_budget_checks_every_token_it_decoded_and_still_fails
     (["stop=adaptive", "target_ci_pct=1000"], 2, "interval: "),
     (["stop=repeats", "time_budget_s=0.001"], 3, "repeats: 3 blocks"),
 ])
+@pytest.mark.slow
 def test_a_job_times_the_blocks_its_rule_asks_for_and_says_which_rule_stopped_it(overrides, blocks, rule):
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "repeats=3", *overrides))
     assert result.failure is None and result.metrics["repeats"] == blocks and len(result.step_ms) == 8 * blocks

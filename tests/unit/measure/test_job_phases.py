@@ -1,5 +1,7 @@
 """A job's path, read from what it reports: build, prepare, prefill, warm up, time, verify, in that order; and the
 references it keeps around its timed loop (references.JobReferences), however many blocks that loop times."""
+import pytest
+
 from harness.measure import lockstep, references
 from harness.measure.job import measure
 from tests.support import FAST, run_config
@@ -7,6 +9,7 @@ from tests.support import FAST, run_config
 SHAPE = [*FAST, "device=cpu", "dtype=fp32", "bs=2", "model.tie_word_embeddings=false"]
 
 
+@pytest.mark.slow
 def test_a_job_runs_its_six_phases_in_order():
     """Every block is timed after the warm-up and before verification, which runs once, last. Bugs caught: a phase
     moved out of order (the verification between two timed blocks, the warm-up before the prefill), or a block
@@ -19,6 +22,7 @@ def test_a_job_runs_its_six_phases_in_order():
     assert result.mode_tags["stopped_by"].startswith("repeats: 2 blocks")
 
 
+@pytest.mark.slow
 def test_plain_eagers_loop_is_its_reference_when_more_blocks_follow_the_first(monkeypatch):
     """The warm-up and the first timed block are kept as plain eager's own reference (their logits taken between
     calls, kept once that block ends, before the next is timed), and serve its check with no eager step decoded

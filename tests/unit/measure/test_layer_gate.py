@@ -92,6 +92,7 @@ def fused_stepper(kind: str | None = None):
     return cfg, model, stepper
 
 
+@pytest.mark.slow
 def test_the_unmodified_fused_kernels_pass_the_gate_at_every_layer():
     with torch.inference_mode():
         cfg, model, stepper = fused_stepper()
@@ -101,6 +102,7 @@ def test_the_unmodified_fused_kernels_pass_the_gate_at_every_layer():
     assert stepper.tags["layer_gate"].startswith("passed: worst ")
 
 
+@pytest.mark.slow
 def test_the_norm_epsilon_1000x_inside_the_fused_kernels_fails_the_gate_at_layer_0(monkeypatch):
     """The registry's fault, built into the real kernels (FusedDecoder's epsilon, read by every norm they compute):
     the gate's one line names layer 0, where the fault first acts, and its numbers."""
@@ -139,6 +141,7 @@ def bf16_flex_stepper():
     return cfg, model, EagerStepper(model, prompt, cfg.cache_len)
 
 
+@pytest.mark.slow
 def test_the_hooks_on_transformers_layers_judge_another_backend_in_bf16_and_catch_a_registry_fault():
     """A step that is transformers' model (eager, graphed, bucketed) with another attention backend: its layers'
     outputs read by hooks, bf16's rounding of flex's kernels inside the bound; the registry's rope_off_by_one, acting
@@ -158,6 +161,7 @@ def test_the_hooks_on_transformers_layers_judge_another_backend_in_bf16_and_catc
     assert metrics["layer_gate_ratio"] > 1 and stepper.tags["layer_gate"] == "failed at layer 0's output"
 
 
+@pytest.mark.slow
 def test_an_exact_run_says_the_gate_did_not_apply():
     """mode=eager under sdpa is eager itself, checked logit for logit: the gate says why it did not judge, and logs
     no ratio (never a pass)."""
@@ -168,6 +172,7 @@ def test_an_exact_run_says_the_gate_did_not_apply():
     assert not any(key.startswith("layer_gate") for key in result.metrics)
 
 
+@pytest.mark.slow
 def test_a_compiled_step_says_the_gate_did_not_apply():
     """Inductor's step is one compiled graph whose layers' outputs are not its outputs: not applied, never judged by
     the model's own (eager) forward in its place."""

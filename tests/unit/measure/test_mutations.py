@@ -17,6 +17,7 @@ pytestmark = pytest.mark.usefixtures("fresh_model_cache")
     ("newest_masked", "logits differ from eager's (same kernels, 2 rows) by up to "),
     ("stale_token", "logits differ from eager's (same kernels, 2 rows) by up to "),
 ])
+@pytest.mark.slow
 def test_every_injected_mutation_fails_the_run_naming_what_differed(monkeypatch, kind, says):
     # untied embeddings: with tied random weights greedy decode repeats its input token, and a stale
     # token would be the right one

@@ -2,6 +2,7 @@
 earlier job measured, each with the check it must not weaken."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.measure import references
@@ -9,6 +10,7 @@ from harness.measure.job import measure
 from tests.support import FAST, run_config
 
 
+@pytest.mark.slow
 def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_its_own_decode(monkeypatch):
     # the path of every mode but plain eager: one eager pass computed, kept as both references
     monkeypatch.setattr("harness.measure.references.loop_serves_as_reference", lambda stepper, exact: False)
@@ -27,6 +29,7 @@ def test_the_next_job_of_a_shape_reuses_its_eager_references_and_still_checks_it
     assert other.failure is None and references.hits["computed"] > computed  # another prompt: its own references
 
 
+@pytest.mark.slow
 def test_the_next_job_of_a_shape_times_blocks_as_long_as_the_kept_loop_so_that_it_decodes_no_eager_again(monkeypatch):
     # plain eager's block cut to 32 steps by its (slow) pace; the next job of the shape would time 48, and then its
     # token check would decode eager over all 50 of its tokens, where the kept loop covers 34
@@ -52,6 +55,7 @@ EAGER_LOOP = [*FAST, "device=cpu", "dtype=fp32", "bs=2", "warmup=2", "decode_tok
               "model.tie_word_embeddings=false"]
 
 
+@pytest.mark.slow
 def test_plain_eagers_loop_is_its_own_reference_and_no_eager_step_is_taken_again(monkeypatch):
     from harness.measure import lockstep
 
@@ -131,6 +135,7 @@ def _a_job_that_measured_eager_varying():
     return model, prompt, stepper, clean, earlier
 
 
+@pytest.mark.slow
 def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_no_further():
     """Eager that varies (noise on its logits, as SDPA over a long cache does on the H200) in the job that computed
     the references: the next job's run within twice that variation passes on the kept passes alone, without an
@@ -161,6 +166,7 @@ def test_an_earlier_jobs_measured_variation_of_eager_serves_a_run_within_it_and_
     assert why.startswith("logits differ from eager's") and beyond["eager_self_max_logit_diff"] == 0.0 and calls
 
 
+@pytest.mark.slow
 def test_a_variation_an_earlier_job_measured_serves_a_run_that_fed_other_tokens_within_it_and_no_further():
     """The graphed job after eager at a long context on the H200: eager varies, the run's tokens part from eager's at
     a near-tie, so no kept decode applies; eager's variation at this shape and prompt, measured by the earlier job,

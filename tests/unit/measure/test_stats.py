@@ -77,6 +77,7 @@ def test_the_decode_metrics_are_what_the_step_times_give_by_hand():
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_timed_calls_that_outrun_their_wall_clock_fail_the_run():
     """The cross-check on every run: a block's timed calls lie inside its wall clock. Bugs caught: a K-step call's
     time counted per token but summed per call twice (x K), events read on another stream, ms taken for s."""

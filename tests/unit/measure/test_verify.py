@@ -25,6 +25,7 @@ from tests.support import FAST, run_config, tiny_fp32
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_a_rewind_one_slot_off_fails_the_run(monkeypatch):
     """K/V written one slot too far after every rewind: the run, eager's references and the fp32 calibration
     would all be rewound alike; the write position, counted from the prompt, is not. The real Stepper.rewind runs in
@@ -40,6 +41,7 @@ def test_a_rewind_one_slot_off_fails_the_run(monkeypatch):
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_a_loop_that_records_its_input_token_not_its_argmax_fails_the_run(monkeypatch):
     """Every token the loop records (warm-up and every timed block) is checked against the logits its call returned.
     A loop that records what a call read instead of the argmax it fed on, put in the loop's own recording through the
@@ -115,6 +117,7 @@ def test_a_run_no_check_applies_to_is_failed_not_verified(monkeypatch):
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_an_inexact_mode_of_two_tokens_a_call_is_judged_against_fp32_step_by_step(monkeypatch):
     mode = inexact_two_token_mode(monkeypatch, TwoTokenStepper)
     result = measure(run_config(*FAST, mode, "device=cpu", "dtype=fp32", "model.tie_word_embeddings=false"))
@@ -210,6 +213,7 @@ def _decoded_tokens(stepper, cfg):
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_verification_catches_a_mode_whose_logits_differ():
     cfg, model, prompt = tiny_fp32()
     with torch.inference_mode():
@@ -259,6 +263,7 @@ def test_an_inexact_mode_is_judged_against_fp32_within_eager_own_error(noise, pa
 
 @pytest.mark.usefixtures("fresh_model_cache")
 @pytest.mark.parametrize("noise, passes", [(1e-3, True), (5.0, False)])
+@pytest.mark.slow
 def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, noise, passes):
     # at a long context fp32 checks one or two rows of a batch: plain eager, the bound's unit, decodes those rows
     # from the run's context K/V in a cache of their own, not every row of the batch in the run's cache
@@ -282,6 +287,7 @@ def test_plain_eager_and_fp32_decode_only_the_rows_fp32_checks(monkeypatch, nois
 @pytest.mark.usefixtures("fresh_model_cache")
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("logits_bytes", [1 << 30, 1])  # one forward over every token; a forward per token
+@pytest.mark.slow
 def test_the_teacher_forced_fp32_reference_is_the_step_by_step_decode(monkeypatch, family, logits_bytes):
     # fp32's logits come from forwards over the run's known tokens: each position must see the history a decode
     # step gives it (the first token, then the tokens fed before it), whatever the chunks, in every family
@@ -328,6 +334,7 @@ def test_a_rewind_that_clears_the_context_end_fails_only_through_the_context_dig
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_an_unmutated_run_verifies_every_block():
     result = measure(run_config(*FAST, "device=cpu", "dtype=fp32", "bs=2", "repeats=3", "stop=repeats"))
     m = result.metrics
@@ -400,6 +407,7 @@ def test_a_token_fails_for_ranking_below_eager_only_after_eager_is_measured_agai
 
 @pytest.mark.usefixtures("fresh_model_cache")
 @pytest.mark.parametrize("steady_passes", [2, 3])
+@pytest.mark.slow
 def test_a_run_fails_for_differing_from_eager_only_after_eager_is_measured_again(steady_passes):
     """Eager that agrees with itself over its first `steady_passes` passes and varies after (kernels that vary now
     and then): a run off by less than twice that variation passes, the rechecks stopping at the pass that showed
@@ -562,6 +570,7 @@ def test_a_run_whose_greedy_path_would_leave_the_loops_is_checked_in_one_eager_p
     assert len(gaps) == 2 + lockstep.RECHECKS  # that pass, and more over the same history to measure eager's variation
 
 
+@pytest.mark.slow
 def test_a_loop_that_feeds_other_than_its_argmax_fails_against_its_own_logits(monkeypatch):
     """The loop's logits are the reference only for the tokens fed after them: a loop that feeds the runner-up
     (a plausible off-by-one in feeding) fails. The check of every recorded token against its call's own logits sees
@@ -577,6 +586,7 @@ def test_a_loop_that_feeds_other_than_its_argmax_fails_against_its_own_logits(mo
     assert result.metrics["recorded_tokens_argmax"] == 0.0 and result.metrics["verified"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_token_check_takes_the_variation_the_lockstep_measured_before_decoding_a_second_pass():
     """A loop token that ranks below eager's best by more than TIE_TOLERANCE but within twice the logit variation the
     lockstep measured passes as a tie without a second eager pass; with no variation measured, the second pass and

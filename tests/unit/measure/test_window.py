@@ -87,6 +87,7 @@ def _jobs_over_graph_steps(spans: list, *overrides: str) -> dict[int, tuple]:
     return out
 
 
+@pytest.mark.slow
 def test_every_graph_steps_times_the_same_positions(uncaptured, timed_spans):
     """Two blocks each (the second after a rewind and a warm-up again): at graph_steps=1 and 4 every block writes
     slots 10 to 17, the logged first timed position is 10 (context 8 + warmup 2), and the blocks decode the very same
@@ -106,6 +107,7 @@ def test_every_graph_steps_times_the_same_positions(uncaptured, timed_spans):
         assert runs[1][0].metrics[key] == runs[K][0].metrics[key], key
 
 
+@pytest.mark.slow
 def test_a_run_timed_past_its_window_fails(uncaptured, monkeypatch):
     """The window's check (timing.window_problem), every block's first slot read from the cache: a run of 4 steps a
     call whose warm-up is left where it ended (the old window: no rewind into the window) fails, naming the slot."""
@@ -121,6 +123,7 @@ def test_a_run_timed_past_its_window_fails(uncaptured, monkeypatch):
     assert result.metrics["first_timed_position"] == 12
 
 
+@pytest.mark.slow
 def test_a_window_needs_the_warm_up_and_whole_replays_of_the_decode_only(uncaptured, timed_spans):
     """A cache of context + warmup + the decode in whole replays holds a run of K steps a call: the warm-up's one
     call of 4 ends inside it, and the block of 32 from slot 10 fills it to its last slot (verification's free run
@@ -139,6 +142,7 @@ def test_a_window_needs_the_warm_up_and_whole_replays_of_the_decode_only(uncaptu
         run_config(*FAST, uncaptured, *steps, "cache_len=41")
 
 
+@pytest.mark.slow
 def test_an_ab_over_graph_steps_times_both_arms_from_the_same_slot(uncaptured, monkeypatch):
     """`harness ab` between graph_steps=1 and 4: every block of both arms starts at slot 10, as the A/B's result
     says; on the old window arm B's started at 12."""

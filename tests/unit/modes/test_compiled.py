@@ -51,7 +51,6 @@ def test_inductor_options_are_in_force_while_the_step_compiles(monkeypatch):
     assert seen and set(seen) == {(False, True)}  # the run's option over the mode's own (max_autotune kept)
 
 
-@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_model_cache")
 def test_a_compiled_step_decodes_at_the_caches_own_position():
     """The fast loop's one compiled case (mode=compiled-nograph, Inductor on the CPU, a one-layer tiny model, fp32):
@@ -143,6 +142,7 @@ def test_compile_regions_traces_one_layer_for_all_and_decodes_as_the_whole_model
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
+@pytest.mark.slow
 def test_a_whole_model_step_is_traced_through_the_regions_switch_too():
     """On the H200 (torch 2.11) an A/B of whole against regional in one process served the whole-model step to the
     regional arm, which compiled nothing. Every compiled step routes its model's layer classes through the switch

@@ -57,6 +57,7 @@ def test_the_next_job_decodes_from_the_context_the_one_before_filled_where_its_o
         assert "context_from" not in result.mode_tags
 
 
+@pytest.mark.slow
 def test_a_kept_context_serves_only_the_very_prompt_it_was_filled_from(tmp_path):
     """A checkpoint's weights are the same whatever the seed, and the seed still draws the prompt: a job of another
     seed, the same batch, context and capacity, finds a kept cache of its size, of its weights, and prefills. Bug
@@ -72,6 +73,7 @@ def test_a_kept_context_serves_only_the_very_prompt_it_was_filled_from(tmp_path)
     assert other.failure is None and other.metrics["prefill_reused"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_kept_context_that_changed_after_its_job_is_prefilled_again_and_a_failed_or_faulted_job_keeps_none(
         monkeypatch):
     """A kept context whose slots no longer sum as they did when its job kept it (a write between two jobs) is not
@@ -102,6 +104,7 @@ def test_a_kept_context_that_changed_after_its_job_is_prefilled_again_and_a_fail
     assert measure(run_config(*KEPT)).metrics["prefill_reused"] == 0.0 and len(kept_context._kept) == 1
 
 
+@pytest.mark.slow
 def test_a_job_asking_for_a_cache_of_another_size_frees_the_kept_one_first():
     """Only one context is kept, and never beside a cache of another size: a stepper of other rows or capacity
     frees it before allocating its own (on the H200 a kept bs=32 cache at context 32768 is 121 GB). Bug caught: a

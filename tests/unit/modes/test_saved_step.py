@@ -11,6 +11,7 @@ from harness.modes.compiled import LOADED, TRACED
 from tests.support import FAST
 
 
+@pytest.mark.slow
 def test_a_steps_name_changes_with_all_that_decides_its_code_and_only_that(fresh_model_cache):
     from harness.models import get_model
     from harness.modes.saved_step import step_key

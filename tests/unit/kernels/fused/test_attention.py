@@ -21,6 +21,7 @@ from tests.unit.kernels.fused.support import (CAPACITY_GRID, LLAMA, _Recording, 
                                               decode_like_eager, fused_and_eager, tiny_model_and_prompt)
 
 
+@pytest.mark.slow
 def test_the_attention_query_tile_padding_never_reaches_the_output():
     """The folded attention's query tile has 16 rows for a group of fewer heads: the padding rows (masked: zero
     queries) are computed and never stored; the logits are eager's."""
@@ -129,6 +130,7 @@ def _folded_at(model_name: str, rows: int, context: int, steps: int = 138, knobs
     return attention_folded(FusedConfig(**options), knobs, rows, prefix, kv_bytes, mlp_bytes, m.head_dim)
 
 
+@pytest.mark.slow
 def test_the_attention_takes_its_three_launches_back_at_bs1_past_one_chunk_unless_it_hosts_the_mlp_weights():
     """At bs=1 past one chunk a KV head the folded attention pays only as the host of a request for a good share of
     the MLP's weights over a long enough chain of K/V: the workloads that were paired fold or not as the faster plan

@@ -1,6 +1,8 @@
 """harness/kernels/fused/copies_first.py: the Gluon kernel compiled for sm_90, its copies before the PDL wait."""
 from __future__ import annotations
 
+import pytest
+
 from tests.support import compiled_for_the_gpu
 
 
@@ -37,6 +39,7 @@ for x, out, n, k, splits, input, output, norm, bump, launch, bn, warps in (
 """
 
 
+@pytest.mark.slow
 def test_the_large_products_start_every_stage_copying_before_the_pdl_wait_and_read_their_input_after_it():
     """harness/kernels/fused/copies_first.py compiled for sm_90 (Triton's ahead-of-time compiler, no GPU): each
     program's four stages are copied before `griddepcontrol.wait`, the stages copied again in the loop after it, no

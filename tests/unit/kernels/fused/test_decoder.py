@@ -23,6 +23,7 @@ def test_the_fused_step_computes_eager_decode_logits_and_cache(family, options):
     assert_same_cache(run, eager, start + 4, length=start + 4)  # the new tokens' K/V, appended where eager's are
 
 
+@pytest.mark.slow
 def test_a_fault_inside_a_fused_kernel_changes_what_it_computes():
     """The faults the run must catch do change the step (so the job tests above test the check, not a no-op)."""
     eager, run, decoder = fused_and_eager()

@@ -1,11 +1,13 @@
 """harness/kernels/fused/greedy.py: the greedy feed of a graph of several fused steps."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.kernels.fused.knobs import KNOBS
 
 
+@pytest.mark.slow
 def test_the_greedy_kernel_feeds_torch_argmax_the_first_index_among_equals():
     """A graph of several fused steps feeds each step's argmax by a kernel of its own: the same token as
     torch.argmax where equals fall in two loads of one program or in two programs, at the vocabulary's short end,

@@ -32,6 +32,7 @@ def test_a_replanned_product_launches_differently_and_computes_eager_logits(kind
     decode_like_eager(eager, run, trial, 3)
 
 
+@pytest.mark.slow
 def test_candidates_differ_in_one_respect_and_only_where_the_launch_changes(monkeypatch):
     monkeypatch.setattr(fused_plan, "interpreted", lambda: False)  # the GPU's plan
 
@@ -94,6 +95,7 @@ def test_the_descent_takes_a_choice_only_where_its_step_times_faster():
     assert slower is decoder and nothing.taken == []
 
 
+@pytest.mark.slow
 def test_a_tuned_plan_is_kept_and_a_later_job_of_the_same_shape_takes_it_untimed(tmp_path):
     decoder = fused_and_eager()[2]
     favours_row_major_o = lambda trial, best: 0.97 if not trial.products()["o"].packed else 1.0  # noqa: E731
