@@ -25,6 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 # The tree whose CLI the subprocess tests run: this one, or another checkout (to show a regression test
 # failing on older code: HARNESS_REPO_UNDER_TEST=/path/to/old/checkout python -m pytest ...)
 CLI_REPO = Path(os.environ.get("HARNESS_REPO_UNDER_TEST", REPO))
+# Each model family at a tiny size, for tests that run every family's architecture
+TINY_DIMS = ["model.vocab_size=1024", "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
+             "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16"]
+FAMILIES = {"qwen3": ["model=tiny"], "llama": ["model=llama-3.2-1b", *TINY_DIMS],
+            "qwen3_moe": ["model=qwen3-30b-a3b", *TINY_DIMS, "model.extra.num_experts=4",
+                          "model.extra.num_experts_per_tok=2", "model.extra.moe_intermediate_size=32"]}
 FAST = ["model=tiny", "decode_tokens=8", "warmup=2", "context_len=8", "cache_len=64", "repeats=1"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SECRET = "s3cretTOKEN"  # a password or token that must never leave the process

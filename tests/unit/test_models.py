@@ -11,7 +11,7 @@ from harness.errors import ConfigError
 from harness.measure.job import measure, seeded_prompt
 from harness.measure.timing import advance
 from harness.modes.eager import EagerStepper
-from tests.support import FAST, run_config
+from tests.support import FAMILIES, FAST, run_config
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
@@ -22,15 +22,6 @@ def test_seeded_random_weights_are_reproducible():
     c = models._load(cfg.model, torch.float32, "sdpa", torch.device("cpu"), seed=4)[0]
     wa, wb, wc = (m.model.layers[0].mlp.up_proj.weight for m in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
-
-
-TINY_DIMS = ["model.vocab_size=1024", "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
-             "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16"]
-
-
-FAMILIES = {"qwen3": ["model=tiny"], "llama": ["model=llama-3.2-1b", *TINY_DIMS],
-            "qwen3_moe": ["model=qwen3-30b-a3b", *TINY_DIMS, "model.extra.num_experts=4",
-                          "model.extra.num_experts_per_tok=2", "model.extra.moe_intermediate_size=32"]}
 
 
 @pytest.mark.usefixtures("fresh_model_cache")

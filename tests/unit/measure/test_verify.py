@@ -21,7 +21,7 @@ from harness.measure.verify import verify
 from harness.modes import MODES, ModeSpec
 from harness.modes.base import DecodeMode, Stepper
 from harness.modes.eager import EagerStepper
-from tests.support import FAST, run_config, tiny_fp32
+from tests.support import FAMILIES, FAST, run_config, tiny_fp32
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
@@ -165,15 +165,6 @@ def test_flex_planning_one_block_short_fails_the_run(monkeypatch, context):
                                      "valid ones"), result.failure
     with pytest.raises(ValueError, match="attn=sdpa makes none; use attn=flex"):  # where it could not act: refused
         mutations.requested("eager", "sdpa")
-
-
-TINY_DIMS = ["model.vocab_size=1024", "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
-             "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16"]
-
-
-FAMILIES = {"qwen3": ["model=tiny"], "llama": ["model=llama-3.2-1b", *TINY_DIMS],
-            "qwen3_moe": ["model=qwen3-30b-a3b", *TINY_DIMS, "model.extra.num_experts=4",
-                          "model.extra.num_experts_per_tok=2", "model.extra.moe_intermediate_size=32"]}
 
 
 @pytest.mark.usefixtures("fresh_model_cache")
