@@ -10,7 +10,7 @@ from harness.kernels import ATTENTION, attention_spec
 from harness.modes import kept_context
 from harness.modes.base import pad_rows
 from harness.measure import mutations, references
-from harness.measure.timing import recorded_not_argmax
+from harness.measure.timing import recorded_not_argmax, write_positions
 
 VERIFY_TOKENS = 32  # steps compared logit by logit
 
@@ -29,7 +29,7 @@ def rewound_to_the_context(stepper, context_len: int) -> str | None:
     """After a rewind, every layer of the cache must write at the context's end, counted from the prompt itself
     (not from the stepper's own bookkeeping): every check below rewinds the same way, so a rewind that is off by
     a slot would move the run and its references alike, and only this count sees it."""
-    positions = sorted({int(layer.cumulative_length) for layer in stepper.cache.layers})  # a sync: after timing
+    positions = write_positions(stepper)  # a sync: after timing
     if positions != [context_len]:
         return (f"after a rewind the cache writes at slot {', '.join(map(str, positions))}, not after the "
                 f"{context_len} context tokens: the timed blocks after the first decoded from a wrong position")

@@ -125,10 +125,14 @@ def warm_up_again(stepper: Stepper, warmup: int) -> None:
     to_the_window(stepper, warmup, run_steps(stepper, warmup))
 
 
+def write_positions(stepper: Stepper) -> list[int]:
+    """The slots the layers of the stepper's cache write their next K/V to, each once, in order (one host sync)."""
+    return torch.stack([layer.cumulative_length.reshape(()) for layer in stepper.cache.layers]).unique().tolist()
+
+
 def write_position(stepper: Stepper) -> int | None:
-    """The slot the stepper's next step writes its K/V to, read from every layer of its cache (one host sync); None
-    where the layers disagree."""
-    positions = torch.stack([layer.cumulative_length.reshape(()) for layer in stepper.cache.layers]).unique().tolist()
+    """The slot the stepper's next step writes its K/V to (write_positions); None where the layers disagree."""
+    positions = write_positions(stepper)
     return int(positions[0]) if len(positions) == 1 else None
 
 
