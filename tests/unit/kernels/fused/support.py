@@ -3,6 +3,7 @@ same prefilled context, teacher-forced decoding that compares their logits, and 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import torch
 
@@ -13,6 +14,7 @@ from harness.kernels.fused.knobs import KNOBS
 from harness.kernels.fused.plan import Product, launch_point
 from harness.measure.job import seeded_prompt
 from harness.modes.base import Stepper
+from tests.support import compiled_for_the_gpu
 from tests.support import FAST, REPO, run_config
 
 
@@ -99,3 +101,17 @@ class _Recording:
             self.launched.append((grid, kwargs.get("num_warps"), kwargs.get("num_stages")))
             return self.kernel[grid](*args, **kwargs)
         return launch
+
+
+def occupancy_on_sm90(model: str, kind: str, knobs: str) -> dict:
+    """benchmarks/fused_occupancy.py's row for `model`'s `kind` product at bs=1, planned under KNOBS with `knobs`
+    (dataclasses.replace's keyword arguments, as Python source), compiled for sm_90 in a process of its own (this
+    one's kernels run in Triton's interpreter)."""
+    script = ("import dataclasses, json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
+              "from harness.cli.precheck import compose_single_run; from harness.config.fused import FusedConfig; "
+              f"from harness.kernels.fused.knobs import KNOBS; k = dataclasses.replace(KNOBS, {knobs}); "
+              f"cfg = compose_single_run(['mode=fused', 'model={model}']); "
+              "p = o.step_products(cfg.model, 1, FusedConfig(), k); "
+              f"print(json.dumps(o.occupancy_rows({{'{kind}': p['{kind}']}}, 1)))")
+    (row,) = json.loads(compiled_for_the_gpu(script).splitlines()[-1])
+    return row

@@ -11,7 +11,7 @@ from harness.cli.precheck import compose_single_run
 from harness.config.fused import FusedConfig
 from harness.kernels.fused.knobs import KNOBS
 from tests.support import REPO, compiled_for_the_gpu
-from tests.unit.kernels.fused.support import fused_and_eager
+from tests.unit.kernels.fused.support import fused_and_eager, occupancy_on_sm90
 
 
 @pytest.mark.slow
@@ -43,16 +43,7 @@ def test_the_occupancy_table_plans_as_a_gpu_does_and_counts_the_programs_an_sm_h
         prefetch_ahead=0)
     assert [p.choice.slices for p in products.values()] == [False, False, True, True, True]
     assert products["gate_up"].grid == (2048, 1) and products["qkv"].grid == (48, 8)
-    # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
-    script = ("import dataclasses, json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
-              "from harness.cli.precheck import compose_single_run; from harness.config.fused import FusedConfig; "
-              "from harness.kernels.fused.knobs import KNOBS; "
-              "k = dataclasses.replace(KNOBS, tma_large_from_hidden=1 << 30, copies_first_from_hidden=1 << 30); "
-              "cfg = compose_single_run(['mode=fused', 'model=llama-3.2-1b']); "
-              "p = o.step_products(cfg.model, 1, FusedConfig(), k); print(json.dumps(o.occupancy_rows("
-              "{'down': p['down']}, 1)))")
-    printed = compiled_for_the_gpu(script)
-    (down,) = json.loads(printed.splitlines()[-1])
+    down = occupancy_on_sm90("llama-3.2-1b", "down", "tma_large_from_hidden=1 << 30, copies_first_from_hidden=1 << 30")
     assert down["kind"] == "down" and down["programs"] == 2048 and 32 <= down["registers"] <= 255
     assert down["wide_loads"] == 8  # a thread's 64 weights (4 rows x 2048 / 128 threads) as 16-byte loads, all before
     # the wait (unspecialised, the same kernel compiled none: a weight at a time)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -12,8 +11,8 @@ from harness.config.fused import FusedConfig
 from harness.kernels.fused import plan as fused_plan
 from harness.kernels.fused.knobs import KNOBS
 from harness.kernels.fused.plan import plan, plan_swiglu
-from tests.support import REPO, compiled_for_the_gpu
-from tests.unit.kernels.fused.support import LARGE, gpu_products
+from tests.support import REPO
+from tests.unit.kernels.fused.support import LARGE, gpu_products, occupancy_on_sm90
 
 
 def test_tma_keeps_two_tiles_in_flight_where_that_brings_a_product_into_one_wave_and_three_elsewhere(monkeypatch):
@@ -69,16 +68,8 @@ def test_the_large_products_stream_through_tma_at_every_batch_and_the_occupancy_
     qwen3 = compose_single_run(["mode=fused", "model=qwen3-0.6b"]).model
     planned = gpu_products(monkeypatch, qwen3, streamed)["gate_up"]
     assert planned.descriptor is not None and not planned.copies_first and planned.stages == 3
-    # compiled for sm_90 in a process of its own (this one's kernels run in Triton's interpreter)
-    script = ("import dataclasses, json, sys; sys.path.insert(0, 'benchmarks'); import fused_occupancy as o; "
-              "from harness.cli.precheck import compose_single_run; from harness.config.fused import FusedConfig; "
-              "from harness.kernels.fused.knobs import KNOBS; "
-              "k = dataclasses.replace(KNOBS, tma_from_hidden=1024, copies_first_from_hidden=1 << 30, "
-              "sliced_kinds=()); cfg = compose_single_run(['mode=fused', 'model=qwen3-0.6b']); "
-              "p = o.step_products(cfg.model, 1, FusedConfig(), k); print(json.dumps(o.occupancy_rows("
-              "{'gate_up': p['gate_up']}, 1)))")
-    printed = compiled_for_the_gpu(script)
-    (gate_up,) = json.loads(printed.splitlines()[-1])
+    gate_up = occupancy_on_sm90("qwen3-0.6b", "gate_up",
+                                "tma_from_hidden=1024, copies_first_from_hidden=1 << 30, sliced_kinds=()")
     assert "TMA 3 stages" in gate_up["plan"] and gate_up["programs"] == 6144 // 64  # never split: 96 column blocks
     assert gate_up["shared"] >= 3 * 64 * 128 * 2  # three bf16 64 x 128 tiles in flight (`_matvec` holds none there)
     assert gate_up["wide_loads"] == 0 and gate_up["wave_mb"] == 0  # its copies come after the wait
