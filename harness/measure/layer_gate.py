@@ -102,7 +102,7 @@ def not_applied(model, stepper, cfg, exact: bool) -> str | None:
                 f"eager (its layers are eager's)")
     if not _decoder_layers(model):
         return f"{type(model).__name__} has no model.layers whose outputs a hook can read"
-    inner = stepper.inner if isinstance(stepper, MutatedStepper) else stepper
+    inner = _unwrapped(stepper)
     if _probe(inner) is None:
         return (f"mode={cfg.mode}'s step ({type(inner).__name__}) runs other code than its model's layers (Inductor's "
                 f"step is one compiled graph): their outputs are not outputs of the code it times")
@@ -135,34 +135,37 @@ def states(model, stepper, rows: int, way: str) -> list[torch.Tensor]:
     stepper.rewind()
     with torch.no_grad():
         if way == "run":
-            inner = stepper.inner if isinstance(stepper, mutations.MutatedStepper) else stepper
-            fault = (mutations.patched(model, stepper.kind) if isinstance(stepper, mutations.MutatedStepper)
-                     else nullcontext())
+            fault = mutations.patched(model, stepper.kind) if isinstance(stepper, MutatedStepper) else nullcontext()
             with fault:
-                logits = _probe(inner)(model, rows, kept)
+                logits = _probe(_unwrapped(stepper))(model, rows, kept)
         elif way == "eager":
             eager = EagerStepper(model, stepper.input_ids, stepper.cache_len, rows=stepper.rows, shared=stepper)
             with attention(model, "sdpa"), _hooked(model, rows, kept):
                 logits = eager.forward()
         else:
-            logits = _fp32_step(model, stepper, rows, kept, EagerStepper, computed_in_fp32)
+            logits = _fp32_step(model, stepper, rows, kept)
         kept.append(logits[:rows].float().clone())
     stepper.rewind()
     return kept
 
 
-def _fp32_step(model, stepper, rows: int, kept: list, eager_stepper, computed_in_fp32) -> torch.Tensor:
+def _fp32_step(model, stepper, rows: int, kept: list) -> torch.Tensor:
     """Eager in fp32 from the first rows' context K/V upcast, in a cache of one slot more than the context."""
     ctx = stepper.context_len
     prefix = [(layer.keys[:rows, :, :ctx], layer.values[:rows, :, :ctx]) for layer in stepper.cache.layers]
     ids = stepper.first_ids[:rows]
-    reference = eager_stepper(model, ids, ctx + 1, dtype=torch.float32, prefill=False)
+    reference = EagerStepper(model, ids, ctx + 1, dtype=torch.float32, prefill=False)
     try:
         reference.adopt(prefix, ids)
         with computed_in_fp32(model), _hooked(model, rows, kept):
             return reference.forward().float()
     finally:
         reference.release()
+
+
+def _unwrapped(stepper):
+    """The stepper whose step the run times: a test's fault (mutations.MutatedStepper) wraps one."""
+    return stepper.inner if isinstance(stepper, MutatedStepper) else stepper
 
 
 def _decoder_layers(model) -> list:
