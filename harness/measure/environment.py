@@ -6,7 +6,6 @@ import hashlib
 import os
 import platform
 import socket
-import subprocess
 from pathlib import Path
 
 import torch
@@ -14,17 +13,9 @@ import transformers
 
 from harness import ENV_AT_START
 from harness.clock import device_index
-from harness.measure.gpu_state import gpu_facts
+from harness.measure.gpu_state import command_output, gpu_facts
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _run(*cmd: str, cwd: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip()
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,10 +23,10 @@ def git_state() -> tuple[str, str]:
     """(commit, dirty) of the harness checkout: dirty is "false", or a hash of the uncommitted changes, so that
     two runs of one commit with different edits do not look alike to `harness compare`; ("unknown", "false")
     outside git."""
-    commit = _run("git", "rev-parse", "HEAD", cwd=REPO)
+    commit = command_output("git", "rev-parse", "HEAD", cwd=REPO)
     if not commit:
         return "unknown", "false"
-    diff = _run("git", "diff", "HEAD", cwd=REPO)
+    diff = command_output("git", "diff", "HEAD", cwd=REPO)
     return commit, f"diff-{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "false"
 
 

@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -37,13 +38,19 @@ def gpu_facts(index: int) -> dict[str, str]:
     return facts
 
 
-def _nvidia_smi(*args: str) -> str | None:
-    """nvidia-smi's answer, or None where it is missing or fails."""
+def command_output(*cmd: str, cwd: Path | None = None) -> str | None:
+    """A command's output, stripped, or None where it is missing, fails or runs past 10 s (nvidia-smi here, git for
+    the environment's tags)."""
     try:
-        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()
+
+
+def _nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's answer, or None where it is missing or fails."""
+    return command_output("nvidia-smi", *args)
 
 
 def _visible_gpu(index: int) -> str | None:
