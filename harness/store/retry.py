@@ -1,9 +1,12 @@
 """How long a store that is down, or hung, may hold a job up: a bounded budget, then the result stays on disk.
 
 Each request waits at most HARNESS_STORE_TIMEOUT_S (default 5 s, MLflow's own default is 120 s); a call is
-retried with backoff (1, 2, 4, ... s) only while HARNESS_STORE_RETRY_S (default 15 s) have not passed, and
-only for errors that can pass (refused or reset connections, timeouts, 5xx, a locked database). Once a call
-has given up, the store is taken for down: later calls in the process try once, until one succeeds.
+retried with backoff (1, 2, 4, ... s, at most MAX_DELAY_S apart) until HARNESS_STORE_RETRY_S (default 15 s)
+have passed, the last try at the budget's end, and only for errors that can pass (refused or reset
+connections, timeouts, 5xx, a locked database). The cap keeps a store that comes back from waiting out a long
+sleep; the last try at the end keeps the whole budget (doubling alone would give up after 7 s of a 15 s
+budget, 63 s of 90). Once a call has given up, the store is taken for down: later calls in the process try
+once, until one succeeds.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import time
 
 from harness.progress import say
 
+MAX_DELAY_S = 8.0  # the longest wait between two tries: a store back up is found within this
 STILL_DOWN_S = 300  # after a call gave up, later calls try once for this long (or until one succeeds)
 _gave_up_at: float | None = None
 # Error texts of failures that a retry can outlive; any other error (a bad request, "file is not a
@@ -52,12 +56,13 @@ def with_retries(what: str, fn):
         try:
             result = fn()
         except Exception as err:  # noqa: BLE001 - MLflow raises many types for a store that is down
-            if not is_transient(err) or time.monotonic() + delay > deadline:
+            wait = min(delay, deadline - time.monotonic())
+            if not is_transient(err) or wait <= 0:
                 _gave_up_at = time.monotonic() if is_transient(err) else _gave_up_at
                 raise
-            say(f"{what}: {type(err).__name__}, retrying in {delay:g} s")
-            time.sleep(delay)
-            delay *= 2
+            say(f"{what}: {type(err).__name__}, retrying in {wait:.3g} s")
+            time.sleep(wait)
+            delay = min(2 * delay, MAX_DELAY_S)
         else:
             _gave_up_at = None
             return result

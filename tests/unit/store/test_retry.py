@@ -1,6 +1,8 @@
 """The store's retries (harness/store/retry.py)."""
 from __future__ import annotations
 
+import pytest
+
 from harness.errors import ConfigError
 from harness.store import retry
 
@@ -10,3 +12,69 @@ def test_only_a_whole_5xx_status_counts_as_a_passing_store_error():
     assert not retry.is_transient(ConfigError("port 45045 on 127.0.0.1 is already in use: pass --port"))
     assert retry.is_transient(RuntimeError("API request failed with error code 503 != 200"))
     assert retry.is_transient(RuntimeError("504 Gateway Time-out")) and not retry.is_transient(RuntimeError("run 5040"))
+
+
+class Clock:
+    """time.monotonic and time.sleep on a clock that only sleeping moves."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _down_until(clock: Clock, back_at: float):
+    """A store call refused until the clock reaches back_at; the times it was tried."""
+    tries = []
+
+    def call():
+        tries.append(clock.now)
+        if clock.now < back_at:
+            raise ConnectionError("Connection refused")
+        return "logged"
+    return call, tries
+
+
+def test_a_store_back_before_the_budget_ends_is_found_by_a_try_at_the_end(monkeypatch):
+    """Doubling alone (1, 2, 4, 8, ...) gave up once the next sleep would pass the deadline: after 7 s of a 15 s
+    budget, 63 s of 90, and a server that came back at 70 s of a 90 s budget lost the run."""
+    clock = Clock()
+    monkeypatch.setattr(retry, "time", clock)
+    monkeypatch.setattr(retry, "_gave_up_at", None)
+    monkeypatch.setenv("HARNESS_STORE_RETRY_S", "90")
+    call, tries = _down_until(clock, back_at=70.0)
+    assert retry.with_retries("logging", call) == "logged"
+    assert max(clock.sleeps) <= retry.MAX_DELAY_S and 70.0 <= tries[-1] <= 70.0 + retry.MAX_DELAY_S
+
+
+def test_a_store_down_past_the_budget_is_tried_last_at_the_budgets_end_then_taken_for_down(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(retry, "time", clock)
+    monkeypatch.setattr(retry, "_gave_up_at", None)
+    monkeypatch.setenv("HARNESS_STORE_RETRY_S", "15")
+    call, tries = _down_until(clock, back_at=1e9)
+    with pytest.raises(ConnectionError):
+        retry.with_retries("logging", call)
+    assert tries[-1] == 15.0 and sum(clock.sleeps) == 15.0
+    assert retry.store_is_down()
+    tries.clear()
+    with pytest.raises(ConnectionError):  # taken for down: a later call tries once
+        retry.with_retries("logging", call)
+    assert len(tries) == 1
+
+
+def test_an_error_that_cannot_pass_is_raised_at_once(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(retry, "time", clock)
+    monkeypatch.setattr(retry, "_gave_up_at", None)
+
+    def bad_request():
+        raise ValueError("INVALID_PARAMETER_VALUE: run name too long")
+    with pytest.raises(ValueError):
+        retry.with_retries("logging", bad_request)
+    assert clock.sleeps == [] and not retry.store_is_down()
