@@ -14,7 +14,9 @@ import triton
 import triton.language as tl
 
 from harness.kernels import TRITON_DECODE_BLOCK
-from harness.kernels.triton_runtime import interpreted
+from harness.kernels.triton_runtime import interpreted, quicken_the_interpreter
+
+quicken_the_interpreter()
 
 BLOCK_N = TRITON_DECODE_BLOCK  # slots per step of a program's loop
 TARGET_PROGRAMS = 264  # about two per SM of the H200 and H100 SXM (132): the split count aims at this many programs

@@ -10,6 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from harness.kernels.triton_runtime import quicken_the_interpreter
+
+quicken_the_interpreter()  # every fused kernel imports this module
+
 
 @triton.jit
 def _pdl_wait_launch(PDL: tl.constexpr, WAIT: tl.constexpr, LAUNCH: tl.constexpr):
