@@ -82,6 +82,32 @@ def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float =
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI's main() in this process, in the current folder, what it wrote to stdout and stderr read from their file
+    descriptors: a sweep on the basic launcher (its jobs in the process that runs it), where the process is not what
+    the test is about; run_harness for the real subprocess. Hydra's own exits come back as their status; The signal
+    handlers, torch's thread count and the environment main() sets are put back after."""
+    from harness.cli.main import main
+
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    handlers, threads = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, torch.get_num_threads()
+    environment = dict(os.environ)  # main() sets the compile caches' folders for the jobs it starts
+    capfd.readouterr()
+    try:
+        status = main(list(args))
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environment)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["harness", *args], status, out, err)
+
+
 def store(workdir: Path) -> MlflowClient:
     return MlflowClient(f"sqlite:///{workdir / 'mlruns' / 'mlflow.db'}")
 

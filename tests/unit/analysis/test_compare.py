@@ -1,13 +1,18 @@
 """`harness compare` (harness/analysis/compare.py): matching, bootstrap verdicts, environment and GPU-fingerprint
-diffs."""
+diffs, and the command on two real sweeps of the CLI (run in this process)."""
 from __future__ import annotations
+
+import csv
+import json
 
 import numpy as np
 import pytest
 
 from harness.analysis.compare import compare, environment_diff, parse_threshold
 from harness.errors import ConfigError
+from harness.cli import commands as cli
 from harness.record import JobRecord
+from tests.support import FAST, run_in_process, runs_by_kind, store
 
 
 def _record(bs: int, median: float, env: dict | None = None, seed: int = 0, status: str = "FINISHED",
@@ -81,3 +86,35 @@ def test_gpu_fingerprints_are_told_apart_beyond_their_noise_and_not_as_environme
                        fingerprint_diff(base, slower_memory))
     assert "copy_gb_per_s 4005 → 3605 GB/s (-10.0%, noise ±5.0%)" in text
     assert "They differ beyond their noise in copy_gb_per_s" in text
+
+
+@pytest.mark.slow
+def test_a_slowed_sweep_fails_compare_which_names_its_runs_and_logs_on_its_parent(workdir, capfd, monkeypatch):
+    args = ("-m", *FAST, "bs=1,2", "hydra.sweep.dir=sweeps/${now:%H-%M-%S}-${harness_uid:}")
+    assert run_in_process(capfd, monkeypatch, *args).returncode == 0
+    slowed = run_in_process(capfd, monkeypatch, *args, env={"HARNESS_INJECT_FAULT": "slow:bs=2 "})
+    assert slowed.returncode == 0, slowed.stderr[-2000:]
+    base_dir, _ = sorted((workdir / "sweeps").iterdir(), key=lambda p: p.stat().st_mtime)
+    _, parents, _ = runs_by_kind(store(workdir))
+    cand_parent = max((p for p in parents if p.data.tags["harness.kind"] == "sweep"), key=lambda p: p.info.start_time)
+    out = workdir / "cmp"
+    assert cli.main(["compare", str(base_dir), cand_parent.info.run_id, "--out", str(out)]) == 1
+    printed = capfd.readouterr().out
+    slower = next(line for line in printed.splitlines() if "runs slower beyond 3%: " in line)
+    assert "bs=2 tiny ctx=8 cache=64 eager" in slower  # (bs=1 may be named too: this CPU is shared and noisy)
+    pairs = {p["label"]: p for p in json.loads((out / "compare.json").read_text())["pairs"]}
+    assert pairs["bs=2 tiny ctx=8 cache=64 eager"]["verdict"] == "slower"
+    # bs=1 not slowed: the fault's 20 ms a step is about 10x tiny's step, so bs=2's ratio stands far above bs=1's,
+    # which a busy shared CPU can move by 2-3x but not to bs=2's (a fault in every job would put both alike)
+    assert pairs["bs=1 tiny ctx=8 cache=64 eager"]["ratio"] < pairs["bs=2 tiny ctx=8 cache=64 eager"]["ratio"] / 2
+    logged = {a.path for a in store(workdir).list_artifacts(cand_parent.info.run_id, "compare")}
+    assert logged == {"compare/compare.md", "compare/compare.json", "compare/compare.png"}
+    exported = workdir / "sweep.csv"
+    assert cli.main(["export", cand_parent.info.run_id, "--format", "csv", "--out", str(exported)]) == 0
+    rows = list(csv.DictReader(exported.open()))
+    assert sorted(r["config.bs"] for r in rows) == ["1", "2"] and all(float(r["metric.step_ms_median"]) > 0 for r in rows)
+    assert all(r["env.torch"] and r["status"] == "FINISHED" for r in rows)
+    assert cli.main(["report", str(workdir / "sweeps"), "--out", str(workdir / "both")]) == 0  # no store needed
+    summary = (workdir / "both" / "summary.md").read_text()
+    assert summary.count("| tiny | 8 | 64 | 2 |") == 1 and (workdir / "both" / "latency_vs_bs.png").is_file()
+    assert summary.count("- ran again later, not in the table: bs=") == 2  # the first sweep's, listed
