@@ -40,17 +40,34 @@ def interpreter_ready() -> bool:
 
 
 def quicken_the_interpreter() -> None:
-    """Triton's interpreter, before every launch and every call of a device function, finds the language's
-    builtins by scanning whole modules (inspect.getmembers over triton.language, its tensor class and math) to
-    swap in its own: about a third of a tiny fused job's time on a CPU. The builtins do not change, so each
-    module's are found once, at its first scan, and swapped in from that list. A scan inside a launch, which finds
-    the swaps already made, swaps nothing, as Triton's own does. Where Triton's interpreter lacks the function this
-    replaces, it is left as it is."""
+    """Triton's interpreter, made quicker at the same results: see _no_discarded_overflow_checks and _builtins_found_once.
+    Where its interpreter lacks what these replace, it is left as it is."""
     if not interpreted():
         return
-    import inspect
-
     from triton.runtime import interpreter
+
+    _no_discarded_overflow_checks(interpreter)
+    _builtins_found_once(interpreter)
+
+
+def _no_discarded_overflow_checks(interpreter) -> None:
+    """The interpreter alone turns sanitize_overflow on: every 32-bit add, sub and mul is computed again in 64 bits
+    and compared against the type's range, and the result handed to device_assert, which drops it unless Triton's
+    debug mode is on. A third of a tiny fused job's time, for nothing: off, unless debug mode is on."""
+    import dataclasses
+
+    options = getattr(interpreter.interpreter_builder, "options", None)
+    if getattr(options, "sanitize_overflow", False) and not getattr(options, "debug", True):
+        interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _builtins_found_once(interpreter) -> None:
+    """The interpreter, before every launch and every call of a device function, finds the language's builtins by
+    scanning whole modules (inspect.getmembers over triton.language, its tensor class and math) to swap in its own:
+    another third of the time. The builtins do not change, so each module's are found once, at its first scan, and
+    swapped in from that list. A scan inside a launch, which finds the swaps already made, swaps nothing, as
+    Triton's own does."""
+    import inspect
 
     scan = getattr(interpreter, "_patch_builtin", None)
     if scan is None or getattr(scan, "scans_once", False) or not hasattr(interpreter, "_patch_attr"):

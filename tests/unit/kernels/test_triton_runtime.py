@@ -37,3 +37,27 @@ def test_a_launch_with_a_device_function_computes_and_leaves_the_language_as_it_
         _relu_scale[(1,)](x, y, scale, N=16)
         torch.testing.assert_close(y, torch.clamp(x * scale, min=0.0) + x.sum())
         assert {name: getattr(tl, name) for name in before} == before
+
+
+@triton.jit
+def _add_int32(X, Y, amount):
+    tl.store(Y, tl.load(X) + amount)
+
+
+def test_overflow_checks_that_only_debug_mode_reads_are_not_computed(monkeypatch):
+    """Off without Triton's debug mode, where device_assert drops them; kept with it, where they fire. Results stay:
+    an int32 add past 2**31 wraps either way without debug mode, as a compiled kernel's does."""
+    import dataclasses
+
+    from harness.kernels import triton_runtime
+
+    builder = interpreter.interpreter_builder
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=True, debug=True))
+    triton_runtime._no_discarded_overflow_checks(interpreter)
+    assert builder.options.sanitize_overflow  # debug mode reads them
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=False))
+    triton_runtime._no_discarded_overflow_checks(interpreter)
+    assert not builder.options.sanitize_overflow
+    x, y = torch.tensor([2**31 - 2], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    _add_int32[(1,)](x, y, 5)
+    assert int(y) == -(2**31) + 3
