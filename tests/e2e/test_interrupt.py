@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import FAST, REPO, harness_env, run_harness, runs_by_kind, store, compose_cfg
+from tests.support import FAST, REPO, compose_cfg, harness_env, run_in_process, runs_by_kind, store
 
 
 @pytest.mark.slow
@@ -80,8 +80,8 @@ def test_sigterm_ends_the_sweep_killed_and_keeps_finished_results(workdir):
         assert json.loads(path.read_text())["status"] in ("FINISHED", "KILLED")
 
 
-def test_sigterm_ends_a_rerun_killed_as_it_ends_a_sweep(workdir):
-    assert run_harness("-m", *FAST, "bs=1,2", cwd=workdir).returncode == 0
+def test_sigterm_ends_a_rerun_killed_as_it_ends_a_sweep(workdir, capfd, monkeypatch):
+    assert run_in_process(capfd, monkeypatch, "-m", *FAST, "bs=1,2").returncode == 0  # the sweep to rerun
     _, (parent,), _ = runs_by_kind(store(workdir))
     proc = subprocess.Popen([sys.executable, "-m", "harness", "rerun", parent.info.run_id, "decode_tokens=1000",
                              "cache_len=1100"], cwd=workdir, env=harness_env(), stdout=subprocess.PIPE,
