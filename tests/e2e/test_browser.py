@@ -13,6 +13,8 @@ from harness.cli import commands as cli
 from tests.support import runs_by_kind
 
 
+# the served sweep (conftest) is paid once a worker: its tests in one worker under pytest-xdist (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("served")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 

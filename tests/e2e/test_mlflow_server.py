@@ -1,7 +1,11 @@
 """A sweep logged to a real `mlflow server`."""
 from __future__ import annotations
 
+import pytest
+
 from tests.support import SECRET, run_harness
+
+pytestmark = pytest.mark.xdist_group("served")  # with the browser test: the served sweep is paid once a worker
 
 
 def test_no_secret_reaches_a_store_a_file_or_the_console(served_sweep):
