@@ -88,7 +88,12 @@ def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> s
     the test is about; run_harness for the real subprocess. Hydra's own exits come back as their status; The signal
     handlers, torch's thread count and the environment main() sets are put back after."""
     from harness.cli.main import main
+    from harness.store import tracking
 
+    # A store's client is made once a process, and sets MLflow's HTTP settings (no retries of its own, the harness's
+    # timeout) in the environment as it is made; the environment is put back after each call, so a client kept from
+    # an earlier call would leave a later one to MLflow's defaults (minutes on a down store): none is kept.
+    tracking.client.cache_clear()
     for key, value in (env or {}).items():
         monkeypatch.setenv(key, value)
     handlers, threads = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, torch.get_num_threads()
