@@ -91,8 +91,9 @@ def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> s
     from harness.store import tracking
 
     # A store's client is made once a process, and sets MLflow's HTTP settings (no retries of its own, the harness's
-    # timeout) in the environment as it is made; the environment is put back after each call, so a client kept from
-    # an earlier call would leave a later one to MLflow's defaults (minutes on a down store): none is kept.
+    # timeout, no progress bar) in the environment as it is made; the environment is put back after the call, so a
+    # client kept from an earlier call would leave a later one, in process or not, to MLflow's defaults (minutes on
+    # a down store, a progress bar on stderr): none is kept, before or after.
     tracking.client.cache_clear()
     for key, value in (env or {}).items():
         monkeypatch.setenv(key, value)
@@ -109,6 +110,7 @@ def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> s
         torch.set_num_threads(threads)
         os.environ.clear()
         os.environ.update(environment)
+        tracking.client.cache_clear()
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["harness", *args], status, out, err)
 
