@@ -88,7 +88,13 @@ def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> s
     the test is about; run_harness for the real subprocess. Hydra's own exits come back as their status; The signal
     handlers, torch's thread count and the environment main() sets are put back after."""
     from harness.cli.main import main
+    from harness.store import tracking
 
+    # A store's client is made once a process, and sets MLflow's HTTP settings (no retries of its own, the harness's
+    # timeout, no progress bar) in the environment as it is made; the environment is put back after the call, so a
+    # client kept from an earlier call would leave a later one, in process or not, to MLflow's defaults (minutes on
+    # a down store, a progress bar on stderr): none is kept, before or after.
+    tracking.client.cache_clear()
     for key, value in (env or {}).items():
         monkeypatch.setenv(key, value)
     handlers, threads = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, torch.get_num_threads()
@@ -104,6 +110,7 @@ def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> s
         torch.set_num_threads(threads)
         os.environ.clear()
         os.environ.update(environment)
+        tracking.client.cache_clear()
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["harness", *args], status, out, err)
 

@@ -1,22 +1,19 @@
-"""Sweeps of the real CLI in subprocesses against real SQLite stores: runs that land, resume, faults survived,
-nothing lost or merged."""
+"""Sweeps of the real CLI in subprocesses against real SQLite stores: runs that land, resume after a kill, sweeps
+started together never merged. (The sweeps whose process is not what a test is about run in process:
+tests/unit/cli/test_app.py, test_main.py and tests/unit/analysis/test_report.py.)"""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 
-import matplotlib.image
 import pytest
 import torch
-import yaml
 
-from harness.cli import commands as cli
-from tests.support import FAST, child_runs, harness_env, one_line_error, run_config, run_harness, runs_by_kind, store
+from tests.support import FAST, child_runs, harness_env, run_harness, run_in_process, runs_by_kind, store
 
 
 def test_a_tiny_multirun_lands_in_mlflow(workdir):
@@ -78,52 +75,14 @@ def test_a_tiny_multirun_lands_in_mlflow(workdir):
         assert (child.info.start_time, child.info.end_time) == (int(started), int(ended)) and ended > started
 
 
-def test_a_run_reruns_from_its_saved_hydra_config(workdir):
-    first = run_harness(*FAST, "bs=3", "seed=5", cwd=workdir)
-    assert first.returncode == 0, first.stderr
-    (run_dir,) = (workdir / "outputs" / "runs").glob("*/*")
-    saved = run_dir / ".hydra"
-    again = run_harness("--config-path", str(saved), "--config-name", "config", cwd=workdir)
-    assert again.returncode == 0, again.stderr
-    results = [json.loads(p.read_text()) for p in (workdir / "outputs").glob("**/result.json")]
-    assert len(results) == 2
-    assert results[0]["config"] == results[1]["config"]
-    assert yaml.safe_load((saved / "config.yaml").read_text())["bs"] == 3
-    _, parents, children = runs_by_kind(store(workdir))
-    assert len(parents) == 2 and len(children) == 2  # a single run gets its own parent too
-
-
-def test_a_sweeps_exclude_rules_leave_their_jobs_out_unrun_and_unrecorded(workdir):
-    # dtype is an enum in the composed config: a rule compared with its repr (DType.bf16) would exclude nothing
-    proc = run_harness("-m", *FAST, "bs=1,2", "mode=eager", "dtype=fp32,bf16",
-                       "hydra.sweeper.exclude=[{bs:2,dtype:bf16}]", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr
-    assert "sweep: 4 jobs, 3 to run, 0 rejected, 1 excluded by hydra.sweeper.exclude" in proc.stderr + proc.stdout
-    _, _, children = runs_by_kind(store(workdir))
-    assert sorted((c.data.params["bs"], c.data.params["dtype"]) for c in children) == [
-        ("1", "bf16"), ("1", "fp32"), ("2", "fp32")]
-    # `harness plan` leaves out what the sweep would, names each job as its run would be named, and estimates the
-    # jobs that ran from their recorded phases; a config never run says so and is not counted in the total
-    plan = run_harness("plan", *FAST, "bs=1,2,3", "mode=eager", "dtype=fp32,bf16",
-                       "hydra.sweeper.exclude=[{bs:2,dtype:bf16}]", cwd=workdir)
-    assert plan.returncode == 0, plan.stderr
-    lines = plan.stdout.splitlines()
-    assert lines[0] == "5 jobs (1 more excluded: bs=2 dtype=bf16)"
-    by_label = {line.split("  ")[-1].strip(): line for line in lines[1:6]}
-    ran = [f"bs={bs} dtype={dtype} tiny ctx=8 cache=64 eager" for bs, dtype in (("1", "fp32"), ("1", "bf16"), ("2", "fp32"))]
-    assert all("(median of 1 past run)" in by_label[label] for label in ran), plan.stdout
-    assert all("no past run" in by_label[f"bs=3 dtype={d} tiny ctx=8 cache=64 eager"] for d in ("fp32", "bf16"))
-    assert lines[6].startswith("total: ") and lines[6].endswith(" s for the 3 jobs that ran before; 2 never ran here")
-    assert float(lines[6].split()[1]) > 0
-
-
-def test_resume_runs_only_what_a_killed_sweep_left_missing(workdir):
+def test_resume_runs_only_what_a_killed_sweep_left_missing(workdir, capfd, monkeypatch):
+    """SIGKILL ends the sweep's process: a subprocess; the resume that follows runs in this process."""
     killed = run_harness("-m", *FAST, "bs=1,2,3", cwd=workdir, env={"HARNESS_INJECT_FAULT": "sigkill:bs=2 "})
     assert killed.returncode == -signal.SIGKILL
     _, (parent,), children = runs_by_kind(store(workdir))
     assert parent.info.status == "RUNNING" and [c.data.params["bs"] for c in children] == ["1"]
 
-    again = run_harness("-m", *FAST, "bs=1,2,3", "resume=true", cwd=workdir)
+    again = run_in_process(capfd, monkeypatch, "-m", *FAST, "bs=1,2,3", "resume=true")
     assert again.returncode == 0, again.stderr
     assert "2 finished, 0 failed, 1 skipped (resume)" in again.stdout
     client = store(workdir)
@@ -131,16 +90,6 @@ def test_resume_runs_only_what_a_killed_sweep_left_missing(workdir):
     assert abandoned.info.status == "FAILED" and abandoned.data.tags["failure_reason"] == "abandoned"
     finished = [c for c in child_runs(workdir) if c.info.status == "FINISHED"]
     assert sorted(c.data.params["bs"] for c in finished) == ["1", "2", "3"]  # bs=1 once, not twice
-
-
-def test_an_oom_in_one_job_leaves_the_others_finished(workdir):
-    proc = run_harness("-m", *FAST, "bs=1,2,3", cwd=workdir, env={"HARNESS_INJECT_FAULT": "oom:bs=2 "})
-    assert proc.returncode == 1
-    by_bs = {c.data.params["bs"]: c for c in child_runs(workdir)}
-    assert by_bs["1"].info.status == by_bs["3"].info.status == "FINISHED"
-    assert by_bs["2"].info.status == "FAILED"
-    assert by_bs["2"].data.tags["failure_reason"].startswith("out of memory at bs=2 cache_len=64 mode=eager")
-    assert by_bs["2"].data.tags["failure_reason"].endswith("memory back at the post-load baseline: not measured off a GPU")
 
 
 def test_sweeps_started_together_never_share_a_folder(workdir):
@@ -156,51 +105,3 @@ def test_sweeps_started_together_never_share_a_folder(workdir):
     assert len(parents) == 3 and all(p.info.status == "FINISHED" for p in parents)
     per_parent = sorted(sum(c.data.tags["mlflow.parentRunId"] == p.info.run_id for c in children) for p in parents)
     assert per_parent == [2, 2, 2]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="counts the graphed jobs that fail without CUDA")
-def test_report_on_a_resumed_sweep(workdir, capsys):
-    sweep = ["-m", *FAST, "bs=1,2", "cache_len=64,128", "mode=eager,graphed"]
-    first = run_harness(*sweep, cwd=workdir)
-    assert first.returncode == 1  # the graphed jobs need CUDA
-    link = next(line for line in first.stdout.splitlines() if line.startswith("Compare this sweep's runs: "))
-    finished = [c for c in runs_by_kind(store(workdir))[2] if c.info.status == "FINISHED"]
-    assert len(finished) == 4 and sorted(re.findall(r"%22([0-9a-f]{32})%22", link)) == sorted(
-        c.info.run_id for c in finished)  # the failed graphed runs are left out of the comparison
-    again = run_harness(*sweep, "resume=true", cwd=workdir)
-    assert "0 finished, 4 failed, 4 skipped (resume)" in again.stdout
-    assert [line for line in again.stdout.splitlines() if line.endswith(" ")] == []  # no padding into a pipe
-    db = workdir / "mlruns" / "mlflow.db"
-    report = run_harness("--tracking-uri", f"sqlite:///{db}", "report", "--out", "rep", cwd=workdir)
-    assert report.returncode == 0, report.stderr
-    for bs, cache in ((1, 64), (2, 64), (1, 128), (2, 128)):  # the skipped jobs shown by their original runs
-        row = next(line for line in report.stdout.splitlines() if line.startswith(f"| tiny | 8 | {cache} | {bs} |"))
-        assert " ms ±" in row and "1.00x" in row and "FAILED: mode=graphed needs a CUDA GPU" in row
-    assert "wrote summary.md, latency_vs_bs.png, speedup_vs_bs.png in" in report.stdout  # one context: no context plot
-    for png in ("latency_vs_bs.png", "speedup_vs_bs.png"):
-        image = matplotlib.image.imread(workdir / "rep" / png)
-        assert image.ndim == 3 and image.shape[0] > 100
-    resumed_parent = max(runs_by_kind(store(workdir))[1], key=lambda p: p.info.start_time)
-    logged = {a.path for a in store(workdir).list_artifacts(resumed_parent.info.run_id)}
-    assert {"summary.md", "latency_vs_bs.png"} <= logged
-    client = store(workdir)
-    empty = client.create_run(client.get_experiment_by_name("harness").experiment_id,
-                              tags={"harness.kind": "sweep"}).info.run_id
-    assert cli.main(["report", empty, "--out", str(workdir / "rep2")]) == 0
-    assert "(no job runs in this sweep)" in capsys.readouterr().out
-    assert "No such file or directory: '/proc/nope'" in one_line_error(capsys, "report", "--out", "/proc/nope")
-
-
-def test_a_sweep_over_dtype_keeps_two_runs_everywhere(workdir):
-    proc = run_harness("-m", *FAST, "device=cpu", "dtype=bf16,fp32", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "dtype=bf16 tiny bs=1 ctx=8 cache=64 eager" in proc.stdout and "dtype=fp32 tiny" in proc.stdout
-    _, (parent,), children = runs_by_kind(store(workdir))
-    assert sorted(c.info.run_name for c in children) == ["dtype=bf16 tiny bs=1 ctx=8 cache=64 eager",
-                                                         "dtype=fp32 tiny bs=1 ctx=8 cache=64 eager"]
-    medians = {k: v for k, v in parent.data.metrics.items() if k.startswith("median_ms/")}
-    assert set(medians) == {"median_ms/eager_dtypebf16/bs1", "median_ms/eager_dtypefp32/bs1"}
-    report = run_harness("report", "--out", str(workdir / "report"), cwd=workdir)
-    assert report.returncode == 0, report.stderr
-    assert "| model | context_len | cache_len | bs | eager dtype=bf16 | eager dtype=fp32 |" in report.stdout
-    assert run_config(*FAST, "dtype=fp32").label == "tiny bs=1 ctx=8 cache=64 eager"  # a single run: nothing varies

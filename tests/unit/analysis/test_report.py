@@ -1,16 +1,22 @@
-"""`harness report` (harness/analysis/report.py, rows.py): its tables, cells and charts."""
+"""`harness report` (harness/analysis/report.py, rows.py): its tables, cells and charts, and the command on a resumed
+sweep of the CLI (run in this process)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import pytest
+import torch
 
 from harness.analysis import report
+from harness.cli import commands as cli
 from harness.analysis.report import table_markdown
 from harness.analysis.summary import speedups
 from harness.config.labels import run_variant
 from harness.record import JobRecord
+from tests.support import FAST, one_line_error, run_in_process, runs_by_kind, store
 
 
 def _record(bs: int, median: float, env: dict | None = None, seed: int = 0, status: str = "FINISHED",
@@ -194,3 +200,37 @@ def test_a_run_whose_step_replayed_no_cuda_graph_is_marked_so_beside_its_median_
     printed = console.export_text().splitlines()
     assert "2.500 no CUDA graph replayed" in next(line for line in printed if "NONE" in line)
     assert "no CUDA graph" not in next(line for line in printed if "2 re" in line)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts the graphed jobs that fail without CUDA")
+def test_report_on_a_resumed_sweep(workdir, capfd, monkeypatch):
+    sweep = ["-m", *FAST, "bs=1,2", "cache_len=64,128", "mode=eager,graphed"]
+    first = run_in_process(capfd, monkeypatch, *sweep)
+    assert first.returncode == 1  # the graphed jobs need CUDA
+    link = next(line for line in first.stdout.splitlines() if line.startswith("Compare this sweep's runs: "))
+    finished = [c for c in runs_by_kind(store(workdir))[2] if c.info.status == "FINISHED"]
+    assert len(finished) == 4 and sorted(re.findall(r"%22([0-9a-f]{32})%22", link)) == sorted(
+        c.info.run_id for c in finished)  # the failed graphed runs are left out of the comparison
+    again = run_in_process(capfd, monkeypatch, *sweep, "resume=true")
+    assert "0 finished, 4 failed, 4 skipped (resume)" in again.stdout
+    assert [line for line in again.stdout.splitlines() if line.endswith(" ")] == []  # no padding into a pipe
+    db = workdir / "mlruns" / "mlflow.db"
+    report = run_in_process(capfd, monkeypatch, "--tracking-uri", f"sqlite:///{db}", "report", "--out", "rep")
+    assert report.returncode == 0, report.stderr
+    for bs, cache in ((1, 64), (2, 64), (1, 128), (2, 128)):  # the skipped jobs shown by their original runs
+        row = next(line for line in report.stdout.splitlines() if line.startswith(f"| tiny | 8 | {cache} | {bs} |"))
+        assert " ms ±" in row and "1.00x" in row and "FAILED: mode=graphed needs a CUDA GPU" in row
+    assert "wrote summary.md, latency_vs_bs.png, speedup_vs_bs.png in" in report.stdout  # one context: no context plot
+    for png in ("latency_vs_bs.png", "speedup_vs_bs.png"):
+        image = matplotlib.image.imread(workdir / "rep" / png)
+        assert image.ndim == 3 and image.shape[0] > 100
+    resumed_parent = max(runs_by_kind(store(workdir))[1], key=lambda p: p.info.start_time)
+    logged = {a.path for a in store(workdir).list_artifacts(resumed_parent.info.run_id)}
+    assert {"summary.md", "latency_vs_bs.png"} <= logged
+    client = store(workdir)
+    empty = client.create_run(client.get_experiment_by_name("harness").experiment_id,
+                              tags={"harness.kind": "sweep"}).info.run_id
+    assert cli.main(["report", empty, "--out", str(workdir / "rep2")]) == 0
+    assert "(no job runs in this sweep)" in capfd.readouterr().out
+    assert "No such file or directory: '/proc/nope'" in one_line_error(capfd, "report", "--out", "/proc/nope")

@@ -1,12 +1,14 @@
 """The command line's entry (harness/cli/main.py) in process: Hydra's own errors and bad sweeps are one line and
-exit 2 with nothing created; the CPU set-up command ends with exit 0."""
+exit 2 with nothing created; the CPU set-up command ends with exit 0; a run reruns from its saved Hydra config."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+import yaml
 
-from tests.support import FAST
+from tests.support import FAST, run_in_process, runs_by_kind, store
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +145,7 @@ def test_a_budget_that_is_not_a_size_is_refused_in_one_line_before_anything_is_c
 def test_a_sweep_with_a_bad_value_in_any_job_is_refused_before_anything_is_created(workdir, capsys, bad, says):
     """A bad value is refused as a single run's is (one line, exit 2, no store, no folder), whichever job holds it.
     A job that fails as it runs (no GPU, out of memory) is recorded FAILED and the rest run:
-    tests/e2e/test_sweep.py::test_an_oom_in_one_job_leaves_the_others_finished."""
+    tests/unit/cli/test_app.py::test_an_oom_in_one_job_leaves_the_others_finished."""
     from harness.cli.main import main
 
     assert main(["-m", *FAST, bad]) == 2
@@ -151,3 +153,19 @@ def test_a_sweep_with_a_bad_value_in_any_job_is_refused_before_anything_is_creat
     assert says in out.err, out.err
     assert len(out.err.strip().splitlines()) == 1 and out.out == ""
     assert list(workdir.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_run_reruns_from_its_saved_hydra_config(workdir, capfd, monkeypatch):
+    first = run_in_process(capfd, monkeypatch, *FAST, "bs=3", "seed=5")
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = (workdir / "outputs" / "runs").glob("*/*")
+    saved = run_dir / ".hydra"
+    again = run_in_process(capfd, monkeypatch, "--config-path", str(saved), "--config-name", "config")
+    assert again.returncode == 0, again.stderr
+    results = [json.loads(p.read_text()) for p in (workdir / "outputs").glob("**/result.json")]
+    assert len(results) == 2
+    assert results[0]["config"] == results[1]["config"]
+    assert yaml.safe_load((saved / "config.yaml").read_text())["bs"] == 3
+    _, parents, children = runs_by_kind(store(workdir))
+    assert len(parents) == 2 and len(children) == 2  # a single run gets its own parent too

@@ -103,7 +103,7 @@ def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_an
     """The sweep's exclude rules, applied to the real preset as `harness plan` and the sweeper apply them. Bugs
     caught: a rule that excludes nothing, or too much (a graphed run, or the eager baseline a graphed run's speedup
     needs); a mode axis not last (a graphed job then does not follow the eager one whose references it can take).
-    (A rule on an enum key, dtype, is tests/e2e/test_sweep.py's.)"""
+    (A rule on an enum key, dtype, is tests/unit/cli/test_app.py's.)"""
     from harness.cli.plan import composed, jobs_of
     from harness.config.exclude import excluding_rule
 
