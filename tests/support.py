@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -82,28 +83,44 @@ def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float =
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The CLI's main() in this process, in the current folder, what it wrote to stdout and stderr read from their file
-    descriptors: a sweep on the basic launcher (its jobs in the process that runs it), where the process is not what
-    the test is about; run_harness for the real subprocess. Hydra's own exits come back as their status; The signal
-    handlers, torch's thread count and the environment main() sets are put back after."""
-    from harness.cli.main import main
+@contextmanager
+def logging_as_it_was():
+    """Each run of main() in process lets Hydra configure logging (its handlers on the test's captured streams, which
+    close once it ends; existing loggers disabled): the handlers, levels and switches every logger had before are put
+    back, and the loggers made meanwhile lose their handlers."""
+    import logging
+
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]
+    before = {id(lg): (lg, lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers}
+    try:
+        yield
+    finally:
+        for lg, handlers, level, propagate, disabled in before.values():
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
+        for lg in list(logging.Logger.manager.loggerDict.values()):
+            if isinstance(lg, logging.Logger) and id(lg) not in before:
+                lg.handlers.clear()
+
+
+@contextmanager
+def process_state_kept():
+    """What main() sets for the process it runs in, put back after: the signal handlers, torch's thread count, the
+    environment (the compile caches' folders for the jobs it starts), logging, and the store's client. A store's
+    client is made once a process and sets MLflow's HTTP settings (no retries of its own, the harness's timeout, no
+    progress bar) in the environment as it is made; with the environment put back, a client kept from an earlier
+    call would leave a later one, in process or not, to MLflow's defaults (minutes on a down store, a progress bar
+    on stderr): none is kept, before or after."""
     from harness.store import tracking
 
-    # A store's client is made once a process, and sets MLflow's HTTP settings (no retries of its own, the harness's
-    # timeout, no progress bar) in the environment as it is made; the environment is put back after the call, so a
-    # client kept from an earlier call would leave a later one, in process or not, to MLflow's defaults (minutes on
-    # a down store, a progress bar on stderr): none is kept, before or after.
-    tracking.client.cache_clear()
-    for key, value in (env or {}).items():
-        monkeypatch.setenv(key, value)
     handlers, threads = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, torch.get_num_threads()
-    environment = dict(os.environ)  # main() sets the compile caches' folders for the jobs it starts
-    capfd.readouterr()
+    environment = dict(os.environ)
+    tracking.client.cache_clear()
     try:
-        status = main(list(args))
-    except SystemExit as exit_:
-        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        with logging_as_it_was():
+            yield
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -111,6 +128,23 @@ def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> s
         os.environ.clear()
         os.environ.update(environment)
         tracking.client.cache_clear()
+
+
+def run_in_process(capfd, monkeypatch, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI's main() in this process, in the current folder, what it wrote to stdout and stderr read from their file
+    descriptors: a sweep on the basic launcher (its jobs in the process that runs it), where the process is not what
+    the test is about; run_harness for the real subprocess. Hydra's own exits come back as their status; what main()
+    sets for its process is put back after (process_state_kept)."""
+    from harness.cli.main import main
+
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    capfd.readouterr()
+    with process_state_kept():
+        try:
+            status = main(list(args))
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess(["harness", *args], status, out, err)
 

@@ -8,26 +8,14 @@ import re
 import pytest
 import yaml
 
-from tests.support import FAST, run_in_process, runs_by_kind, store
+from tests.support import FAST, logging_as_it_was, run_in_process, runs_by_kind, store
 
 
 @pytest.fixture(autouse=True)
-def logging_as_it_was():
-    """Each run of main() in process lets Hydra configure logging, with handlers on this test's captured streams,
-    which are closed once it ends: the handlers every logger had before are put back."""
-    import logging
-
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(v, logging.Logger))]
-    before = {id(lg): (lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers}
-    yield
-    for lg, handlers, level, propagate in before.values():
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
-        lg.propagate = propagate
-    for name, lg in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(lg, logging.Logger) and id(lg) not in before:
-            lg.handlers.clear()
+def logging_kept():
+    """main() run in process lets Hydra configure logging: put back after each test (tests/support.py)."""
+    with logging_as_it_was():
+        yield
 
 
 def refused(argv: list[str], where, capsys) -> str:
