@@ -51,9 +51,13 @@ def test_four_jobs_on_two_slots_never_share_a_slot_and_a_killed_one_frees_its_sl
 
 
 def test_four_concurrent_writers_into_one_sqlite_store_lose_no_run(workdir):
+    """Four jobs at once, each logging its run into one SQLite file as it ends: all four land, FINISHED, under the
+    sweep's one parent, which ends FINISHED."""
     proc = run_harness("-m", *POOL, "hydra.launcher.gpus=[0,1,2,3]", *FAST, "seed=0,1,2,3",
                        cwd=workdir, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, parents, children = runs_by_kind(store(workdir))
-    assert len(parents) == 1 and len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert sorted(c.data.params["seed"] for c in children) == [str(s) for s in range(4)]
