@@ -35,6 +35,15 @@ class Clock:
         self.now += seconds
 
 
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    """The retries on a Clock, with no store taken for down by an earlier call."""
+    clock = Clock()
+    monkeypatch.setattr(retry, "time", clock)
+    monkeypatch.setattr(retry, "_gave_up_at", None)
+    return clock
+
+
 def _down_until(clock: Clock, back_at: float):
     """A store call refused until the clock reaches back_at; the times it was tried."""
     tries = []
@@ -47,22 +56,16 @@ def _down_until(clock: Clock, back_at: float):
     return call, tries
 
 
-def test_a_store_back_before_the_budget_ends_is_found_by_a_try_at_the_end(monkeypatch):
+def test_a_store_back_before_the_budget_ends_is_found_by_a_try_at_the_end(clock, monkeypatch):
     """Doubling alone (1, 2, 4, 8, ...) gave up once the next sleep would pass the deadline: after 7 s of a 15 s
     budget, 63 s of 90, and a server that came back at 70 s of a 90 s budget lost the run."""
-    clock = Clock()
-    monkeypatch.setattr(retry, "time", clock)
-    monkeypatch.setattr(retry, "_gave_up_at", None)
     monkeypatch.setenv("HARNESS_STORE_RETRY_S", "90")
     call, tries = _down_until(clock, back_at=70.0)
     assert retry.with_retries("logging", call) == "logged"
     assert max(clock.sleeps) <= retry.MAX_DELAY_S and 70.0 <= tries[-1] <= 70.0 + retry.MAX_DELAY_S
 
 
-def test_a_store_down_past_the_budget_is_tried_last_at_the_budgets_end_then_taken_for_down(monkeypatch):
-    clock = Clock()
-    monkeypatch.setattr(retry, "time", clock)
-    monkeypatch.setattr(retry, "_gave_up_at", None)
+def test_a_store_down_past_the_budget_is_tried_last_at_the_budgets_end_then_taken_for_down(clock, monkeypatch):
     monkeypatch.setenv("HARNESS_STORE_RETRY_S", "15")
     call, tries = _down_until(clock, back_at=1e9)
     with pytest.raises(ConnectionError):
@@ -75,10 +78,7 @@ def test_a_store_down_past_the_budget_is_tried_last_at_the_budgets_end_then_take
     assert len(tries) == 1
 
 
-def test_an_error_that_cannot_pass_is_raised_at_once(monkeypatch):
-    clock = Clock()
-    monkeypatch.setattr(retry, "time", clock)
-    monkeypatch.setattr(retry, "_gave_up_at", None)
+def test_an_error_that_cannot_pass_is_raised_at_once(clock):
 
     def bad_request():
         raise ValueError("INVALID_PARAMETER_VALUE: run name too long")
