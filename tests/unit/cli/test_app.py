@@ -9,26 +9,21 @@ from tests.support import FAST, child_runs, run_config, run_in_process, runs_by_
 
 
 @pytest.mark.slow
-def test_a_resumed_sweeps_parent_shows_the_skipped_jobs_numbers_and_links_the_earlier_sweep(tmp_path, monkeypatch,
-                                                                                             torch_threads):
+def test_a_resumed_sweeps_parent_shows_the_skipped_jobs_numbers_and_links_the_earlier_sweep(workdir, capfd,
+                                                                                             monkeypatch):
     """After an interrupted sweep, `resume=true` skipped the finished jobs, and its parent's table left them out
     ("Not in the table (SKIPPED)"): the results were split over two parents, unlinked."""
-    from harness.cli.main import main
-    from tests.support import runs_by_kind, store
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert main(["-m", *FAST, "device=cpu", "bs=1"]) == 0
-    _, (first,), (done,) = runs_by_kind(store(tmp_path))
-    assert main(["-m", *FAST, "device=cpu", "bs=1,2", "resume=true"]) == 0
-    _, parents, _ = runs_by_kind(store(tmp_path))
+    assert run_in_process(capfd, monkeypatch, "-m", *FAST, "device=cpu", "bs=1").returncode == 0
+    _, (first,), (done,) = runs_by_kind(store(workdir))
+    assert run_in_process(capfd, monkeypatch, "-m", *FAST, "device=cpu", "bs=1,2", "resume=true").returncode == 0
+    _, parents, _ = runs_by_kind(store(workdir))
     (resumed,) = [p for p in parents if p.info.run_id != first.info.run_id]
     table = resumed.data.tags["mlflow.note.content"]
     assert "SKIPPED" not in table
     rows = [line for line in table.splitlines() if line.startswith("| tiny | 8 |")]
     assert len(rows) == 2 and f"{done.data.metrics['step_ms_median']:.3f}" in rows[0]
     assert resumed.data.tags["harness.resumes"] == first.info.run_id
-    assert store(tmp_path).get_run(first.info.run_id).data.tags["harness.resumed_by"] == resumed.info.run_id
+    assert store(workdir).get_run(first.info.run_id).data.tags["harness.resumed_by"] == resumed.info.run_id
 
 
 def test_a_parent_is_named_by_what_its_sweep_varied():

@@ -26,17 +26,12 @@ def test_a_rerun_of_a_sweep_keeps_the_key_its_runs_differ_in():
 
 
 @pytest.mark.slow
-def test_harness_rerun_of_a_dtype_sweep_names_its_two_runs_apart(tmp_path, monkeypatch, torch_threads):
+def test_harness_rerun_of_a_dtype_sweep_names_its_two_runs_apart(workdir, capfd, monkeypatch):
     """`harness rerun PARENT` of a bs x dtype sweep gave two children of one name, one fp32 and one bf16."""
-    from harness.cli.main import main
-    from tests.support import runs_by_kind, store
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert main(["-m", *FAST, "device=cpu", "dtype=fp32,bf16"]) == 0
-    _, (sweep,), _ = runs_by_kind(store(tmp_path))
-    assert main(["rerun", sweep.info.run_id]) == 0
-    _, parents, children = runs_by_kind(store(tmp_path))
+    assert run_in_process(capfd, monkeypatch, "-m", *FAST, "device=cpu", "dtype=fp32,bf16").returncode == 0
+    _, (sweep,), _ = runs_by_kind(store(workdir))
+    assert run_in_process(capfd, monkeypatch, "rerun", sweep.info.run_id).returncode == 0
+    _, parents, children = runs_by_kind(store(workdir))
     (rerun,) = [p for p in parents if p.data.tags["harness.kind"] == "rerun"]
     names = sorted(c.info.run_name for c in children if c.data.tags.get("mlflow.parentRunId") == rerun.info.run_id)
     assert names == ["dtype=bf16 tiny bs=1 ctx=8 cache=64 eager", "dtype=fp32 tiny bs=1 ctx=8 cache=64 eager"]
