@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+
+from harness.cli import commands as cli
 
 from harness.modes.compiled import LOADED, TRACED
 from tests.support import FAST, run_harness
@@ -57,28 +60,47 @@ def test_a_later_sweep_loads_the_step_the_first_saved_and_a_fault_or_a_damaged_f
 
 
 @pytest.mark.slow
-def test_an_ab_with_fresh_compiles_traces_its_steps_again_instead_of_loading_the_saved_ones(workdir):
-    """`harness ab --fresh-compiles` asks what a machine that never compiled the config would run: its processes must
-    not load the steps an earlier A/B saved. Bug caught: the fresh processes given empty Inductor and Triton caches
-    but the harness's own folder, where each loaded the saved step (`prepared`: loaded) and compiled nothing."""
+def test_compiled_ab_arms_read_the_cache_then_load_saved_steps_and_fresh_compiles_compile_again(workdir, monkeypatch):
+    """One config's A/Bs on one machine, in the order a user meets them, sharing the cold compiles:
+    - two processes with the saved steps off: the first compiles, the second reads the first's Inductor cache (two
+      machines' A/Bs ran the same kernels only where the second read the first's cache);
+    - with them on, an A/B traces and saves both steps, and the next loads them;
+    - `--fresh-compiles` asks what a machine that never compiled the config would run: a process of its own, whose
+      empty cache folders make it compile again. Bug caught: the fresh processes given empty Inductor and Triton caches
+      but the harness's own folder, where each loaded the saved step (`prepared`: loaded) and compiled nothing."""
     cache = workdir / "cache"
-    env = {"HARNESS_CACHE_DIR": str(cache), "HARNESS_SAVE_COMPILED_STEPS": "1",
-           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    for variable, folder in (("HARNESS_CACHE_DIR", ""), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                             ("TRITON_CACHE_DIR", "triton")):
+        monkeypatch.setenv(variable, str(cache / folder))  # a cold cache, whatever torch's imports set
     arms = ["+inductor.epilogue_fusion=false", "+inductor.epilogue_fusion=true"]
     common = [*REGIONAL_FP32, "--pairs", "2", "--threshold", "50%"]
 
     def ab(out: str, *more: str) -> dict:
-        done = run_harness("ab", *arms, *common, "--out", out, *more, cwd=workdir, env=env)
+        done = run_harness("ab", *arms, *common, "--out", out, *more, cwd=workdir,
+                           env={"HARNESS_SAVE_COMPILED_STEPS": "1"})
         assert done.returncode in (0, 1), done.stderr  # 1: B slower, which two tiny CPU arms may be
         return json.loads((workdir / out / "ab.json").read_text())
+
+    assert cli.main(["ab", *arms, *common, "--processes", "2", "--out", "cold"]) in (0, 1)
+    cold = json.loads((workdir / "cold" / "ab.json").read_text())
+    first, second = zip(*cold["prepared"])  # each arm's line from each process
+    assert all(line.startswith("0 of") and not line.endswith(" 0 compiled") for line in first), first  # cold
+    assert all(not line.startswith("0 of") and line.endswith(" 0 compiled") for line in second), second  # read
+    assert "prepared in" in (workdir / "cold" / "ab.md").read_text()
+    assert not (cache / "compile" / "steps").exists() or not any((cache / "compile" / "steps").iterdir())
 
     first = ab("first")
     saved = sorted(p.name for p in (cache / "compile" / "steps").glob("*.step"))
     assert len(saved) == 2 and [line for arm in first["prepared"] for line in arm] == [TRACED] * 2
     assert [line for arm in ab("again")["prepared"] for line in arm] == [LOADED] * 2  # the saved steps do load
-    fresh = ab("fresh", "--fresh-compiles")
+
+    monkeypatch.setenv("HARNESS_SAVE_COMPILED_STEPS", "1")
+    assert cli.main(["ab", *arms, *common, "--fresh-compiles", "--out", "fresh"]) in (0, 1)
+    fresh = json.loads((workdir / "fresh" / "ab.json").read_text())
+    assert fresh["fresh_compiles"] and fresh["processes"] == 1 and len(fresh["process_ratios"]) == 1
     assert [line for arm in fresh["prepared"] for line in arm] == [TRACED] * 2
     assert sorted(p.name for p in (cache / "compile" / "steps").glob("*.step")) == saved  # nor wrote there
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor")  # this process's, given back
 
 
 @pytest.mark.slow
