@@ -7,7 +7,6 @@ import os
 import pytest
 
 from harness.cli import commands as cli
-
 from harness.modes.compiled import LOADED, TRACED
 from tests.support import FAST, run_harness
 
@@ -21,9 +20,13 @@ def _results(folder):
 
 
 @pytest.mark.slow
-def test_a_later_sweep_loads_the_step_the_first_saved_and_a_fault_or_a_damaged_file_is_traced_afresh(workdir):
-    """Sweep one traces, compiles and saves the step; sweep two loads it (no trace) and is verified; a cut-short file
-    is traced and saved again; a test's fault never loads the clean step (it would then pass) and is not saved."""
+def test_a_later_sweep_reads_the_kernels_or_loads_the_step_the_first_saved_and_a_fault_or_damage_traces_afresh(
+        workdir):
+    """Sweeps in separate processes, one cache folder:
+    - with the saved steps off, the second sweep's compile reads Inductor's FX graph cache under HARNESS_CACHE_DIR;
+    - with them on, a sweep traces, compiles and saves the step; the next loads it (no trace) and is verified;
+    - a cut-short file is traced and saved again; a test's fault never loads the clean step (it would then pass) and
+      is not saved."""
     cache = workdir / "cache"
     env = {"HARNESS_CACHE_DIR": str(cache), "HARNESS_SAVE_COMPILED_STEPS": "1"}
 
@@ -33,6 +36,18 @@ def test_a_later_sweep_loads_the_step_the_first_saved_and_a_fault_or_a_damaged_f
         (result,) = _results(workdir / name)
         assert done.returncode == (0 if result["status"] == "FINISHED" else 1), done.stderr
         return result
+
+    fx_cold, fx_warm = (sweep(name, HARNESS_SAVE_COMPILED_STEPS="0")["metrics"] for name in ("fx-cold", "fx-warm"))
+    assert fx_cold["compile_cache_hit"] == 0.0 and fx_cold["compile_graphs_compiled"] >= 1
+    assert fx_warm["compile_cache_hit"] == 1.0 and fx_warm["compile_graphs_from_cache"] >= 1
+    assert fx_warm["verified"] == 1.0 and any((cache / "compile" / "inductor").rglob("*"))
+    assert not (cache / "compile" / "steps").exists() or not any((cache / "compile" / "steps").iterdir())
+    # where each compile's time went: both traced the step; the warm one's backend read what the cold one built
+    for m in (fx_cold, fx_warm):
+        assert 0 < m["compile_trace_ms"] and 0 < m["compile_backend_ms"]
+        assert m["compile_trace_ms"] + m["compile_backend_ms"] <= m["compile_dynamo_ms"] <= m["compile_ms"]
+        assert m["compile_calls_ms"] == pytest.approx(m["compile_ms"] - m["compile_dynamo_ms"])
+    assert fx_warm["compile_backend_ms"] < fx_cold["compile_backend_ms"]
 
     cold = sweep("cold")
     (saved,) = (cache / "compile" / "steps").glob("*.step")
@@ -101,29 +116,3 @@ def test_compiled_ab_arms_read_the_cache_then_load_saved_steps_and_fresh_compile
     assert [line for arm in fresh["prepared"] for line in arm] == [TRACED] * 2
     assert sorted(p.name for p in (cache / "compile" / "steps").glob("*.step")) == saved  # nor wrote there
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor")  # this process's, given back
-
-
-@pytest.mark.slow
-def test_a_second_sweep_takes_its_compiled_kernels_from_the_cache_folder_the_first_wrote(workdir):
-    """Two sweeps, two processes: the second's compile reads Inductor's FX graph cache under HARNESS_CACHE_DIR (with
-    the saved steps off; with them on, it loads the step itself: the first test here)."""
-    import json
-
-    from tests.support import run_harness
-
-    env = {"HARNESS_CACHE_DIR": str(workdir / "cache"), "HARNESS_SAVE_COMPILED_STEPS": "0"}
-    for sweep in ("cold", "warm"):
-        (workdir / sweep).mkdir()
-        done = run_harness(*FAST, "mode=compiled-nograph", "device=cpu", "dtype=fp32", cwd=workdir / sweep, env=env)
-        assert done.returncode == 0, done.stderr
-    (cold,), (warm,) = ([json.loads(p.read_text())["metrics"] for p in (workdir / s).glob("outputs/**/result.json")]
-                        for s in ("cold", "warm"))
-    assert cold["compile_cache_hit"] == 0.0 and cold["compile_graphs_compiled"] >= 1
-    assert warm["compile_cache_hit"] == 1.0 and warm["compile_graphs_from_cache"] >= 1
-    assert warm["verified"] == 1.0 and any((workdir / "cache" / "compile" / "inductor").rglob("*"))
-    # where each compile's time went: both traced the step; the warm one's backend read what the cold one built
-    for m in (cold, warm):
-        assert 0 < m["compile_trace_ms"] and 0 < m["compile_backend_ms"]
-        assert m["compile_trace_ms"] + m["compile_backend_ms"] <= m["compile_dynamo_ms"] <= m["compile_ms"]
-        assert m["compile_calls_ms"] == pytest.approx(m["compile_ms"] - m["compile_dynamo_ms"])
-    assert warm["compile_backend_ms"] < cold["compile_backend_ms"]
