@@ -12,14 +12,12 @@ from pathlib import Path
 
 
 from harness.store import results, retry, runlog, tracking
+from harness.cache import cache_root
 from harness.cli import COMMANDS
 from harness.errors import ConfigError
 from harness.progress import say
 from harness.record import JobRecord
 from harness.store.redact import redact
-
-LOG_DIR = Path.home() / ".cache" / "harness" / "logs"
-
 
 class UsageError(ValueError):
     """A command line argparse refused."""
@@ -177,8 +175,9 @@ def _fail(command: str, err: Exception) -> int:
 
 def _write_log(command: str, text: str) -> Path | None:
     try:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        path = LOG_DIR / f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{command or 'harness'}.log"
+        logs = cache_root() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        path = logs / f"{datetime.now():%Y-%m-%d_%H-%M-%S}-{command or 'harness'}.log"
         path.write_text(redact(text))
         return path
     except OSError:

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from harness.cache import cache_root
+
 NVIDIA_DEVICE_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
 
 
@@ -88,9 +90,9 @@ def _builtins_found_once(interpreter) -> None:
 
 
 def compile_cache_dir() -> Path:
-    """The one folder that keeps compiled kernels between jobs and sweeps: $HARNESS_CACHE_DIR/compile, by default
-    ~/.cache/harness/compile (beside the error logs)."""
-    return Path(os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "harness") / "compile"
+    """The one folder that keeps compiled kernels between jobs and sweeps: compile/ under the harness's cache folder
+    (harness/cache.py)."""
+    return cache_root() / "compile"
 
 
 def persistent_compile_caches() -> Path:

@@ -25,16 +25,14 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import time
-from pathlib import Path
 
 import torch
 
-from harness.kernels import EVERY_SLOT, EVERY_SLOT_REPEATED, VALID_PREFIX, attention_spec
+from harness.cache import cache_root
 from harness.clock import median_call_ms
+from harness.kernels import EVERY_SLOT, EVERY_SLOT_REPEATED, VALID_PREFIX, attention_spec
 
-CEILINGS_FILE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")) / "ceilings.json"
 
 
 def _shape(arch: dict) -> tuple[int, ...]:
@@ -122,11 +120,12 @@ def ceilings(device: torch.device) -> dict[str, float]:
 
     facts = gpu_facts(device_index(device))
     key = f"{facts['gpu_name']} | driver {facts.get('gpu_driver', '?')}"
-    cached = json.loads(CEILINGS_FILE.read_text()) if CEILINGS_FILE.is_file() else {}
+    ceilings = cache_root() / "ceilings.json"
+    cached = json.loads(ceilings.read_text()) if ceilings.is_file() else {}
     if key not in cached:
         cached[key] = measure_ceilings(device)
-        CEILINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
-        CEILINGS_FILE.write_text(json.dumps(cached, indent=2))
+        ceilings.parent.mkdir(parents=True, exist_ok=True)
+        ceilings.write_text(json.dumps(cached, indent=2))
     return {**cached[key], "key": key}
 
 

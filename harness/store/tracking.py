@@ -17,6 +17,7 @@ import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from harness.cache import cache_root
 from harness.store import retry
 from harness.store.redact import redact, redact_tree
 
@@ -49,10 +50,54 @@ def client(uri: str) -> MlflowClient:
         os.environ.setdefault(var, value)
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)
-    with _file_lock(Path(uri[len("sqlite:///"):]).with_suffix(".init-lock")):  # sweeps started together
+    database = Path(uri[len("sqlite:///"):])
+    with _file_lock(database.with_suffix(".init-lock")):  # sweeps started together
+        if not database.exists():
+            _start_as_the_empty_store(database)
         c = MlflowClient(tracking_uri=uri)  # must not create (or migrate) the tables at the same time
         c.search_experiments(max_results=1)
     return c
+
+
+def _start_as_the_empty_store(database: Path) -> None:
+    """A new embedded store starts as a copy of an empty one kept under the harness's cache folder, one for each
+    MLflow version: MLflow builds a new SQLite store by running every schema migration since its first, seconds of
+    CPU in every new sweep folder. The copy holds the tables at their schema's head and no experiment, so that
+    MLflow's first open adds the Default experiment with this store's own artifact root. Where the empty store
+    cannot be built (a MLflow whose internals moved), MLflow builds the new one itself, as it would anyway."""
+    import shutil
+
+    import mlflow
+
+    empty = cache_root() / "store" / f"empty-mlflow-{mlflow.__version__}.db"
+    try:
+        if not empty.exists():
+            _build_empty_store(empty)
+        database.parent.mkdir(parents=True, exist_ok=True)
+        partial = database.with_suffix(".copying")
+        shutil.copyfile(empty, partial)
+        os.replace(partial, database)
+    except Exception:  # noqa: BLE001 - the copy only saves time: MLflow's own path builds the store
+        return
+
+
+def _build_empty_store(empty: Path) -> None:
+    """MLflow's own table set-up (every migration) on a new SQLite file, written beside and renamed into place."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    empty.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(empty.with_suffix(".lock")):
+        if empty.exists():
+            return
+        partial = empty.with_suffix(f".{os.getpid()}.partial")
+        partial.unlink(missing_ok=True)
+        engine = sqlalchemy.create_engine(f"sqlite:///{partial}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        os.replace(partial, empty)
 
 
 @contextmanager
