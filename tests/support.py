@@ -221,10 +221,17 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
+        """Its store, where new, starts as the harness's own new stores do (a copy of the empty one: no migrations);
+        one worker process, as `harness ui` serves (MLflow's default four each import the whole server)."""
+        from harness.store.tracking import start_as_the_empty_store
+
         self.root.mkdir(parents=True, exist_ok=True)
+        if not (self.root / "mlflow.db").exists():
+            start_as_the_empty_store(self.root / "mlflow.db")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port)],
+             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
+             "--workers", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_for_http(f"{self.url}/health", self.proc)

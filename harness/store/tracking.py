@@ -53,13 +53,13 @@ def client(uri: str) -> MlflowClient:
     database = Path(uri[len("sqlite:///"):])
     with _file_lock(database.with_suffix(".init-lock")):  # sweeps started together
         if not database.exists():
-            _start_as_the_empty_store(database)
+            start_as_the_empty_store(database)
         c = MlflowClient(tracking_uri=uri)  # must not create (or migrate) the tables at the same time
         c.search_experiments(max_results=1)
     return c
 
 
-def _start_as_the_empty_store(database: Path) -> None:
+def start_as_the_empty_store(database: Path) -> None:
     """A new embedded store starts as a copy of an empty one kept under the harness's cache folder, one for each
     MLflow version: MLflow builds a new SQLite store by running every schema migration since its first, seconds of
     CPU in every new sweep folder. The copy holds the tables at their schema's head and no experiment, so that
