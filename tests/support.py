@@ -207,9 +207,15 @@ def wait_for_http(url: str, proc: subprocess.Popen, seconds: float = 90) -> None
 
 
 def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process's group, then SIGKILL where it has not ended within 30 s: a server's graceful shutdown
+    waits for its open requests, which clients retrying through an outage may keep open on a loaded machine."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 class MlflowServer:
