@@ -7,12 +7,14 @@ import fcntl
 import functools
 import json
 import os
+import shutil
 import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
+import mlflow
 import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -61,14 +63,10 @@ def client(uri: str) -> MlflowClient:
 
 def start_as_the_empty_store(database: Path) -> None:
     """A new embedded store starts as a copy of an empty one kept under the harness's cache folder, one for each
-    MLflow version: MLflow builds a new SQLite store by running every schema migration since its first, seconds of
-    CPU in every new sweep folder. The copy holds the tables at their schema's head and no experiment, so that
+    MLflow version: MLflow builds a new SQLite store by running every schema migration since its first, about a
+    second of CPU in every new sweep folder. The copy holds the tables at their schema's head and no experiment, so that
     MLflow's first open adds the Default experiment with this store's own artifact root. Where the empty store
-    cannot be built (a MLflow whose internals moved), MLflow builds the new one itself, as it would anyway."""
-    import shutil
-
-    import mlflow
-
+    cannot be built (an MLflow whose internals moved), MLflow builds the new one itself, as it would anyway."""
     empty = cache_root() / "store" / f"empty-mlflow-{mlflow.__version__}.db"
     try:
         if not empty.exists():
