@@ -279,7 +279,7 @@ def _is_dir(given: str | None) -> bool:
 def ui(uri: str, host: str, port: int) -> int:
     """MLflow's UI from this interpreter's own mlflow (no PATH needed), on a port that must be free, in one worker
     process: one reader needs no more, and each of MLflow's default four imports the whole server, which on a small
-    machine doubles the seconds before the page opens."""
+    machine adds half again to the wait before the page opens."""
     with socket.socket() as probe:
         if probe.connect_ex((host if host != "0.0.0.0" else "127.0.0.1", port)) == 0:
             raise ConfigError(f"port {port} on {host} is already in use: pass --port with a free one")
