@@ -110,10 +110,15 @@ def own_tmp(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def empty_store_file(tmp_path_factory) -> Path:
-    """An MLflow SQLite store with its tables made and nothing logged: its migrations run once a session (seconds)."""
+    """An MLflow SQLite store with its tables made and nothing logged: a copy of the harness's own empty store
+    (tracking.start_as_the_empty_store; migrated once per MLflow version), opened once so that MLflow adds its
+    Default experiment, or migrates it itself where the copy could not be made."""
     from mlflow.tracking import MlflowClient
 
+    from harness.store.tracking import start_as_the_empty_store
+
     path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    start_as_the_empty_store(path)
     MlflowClient(f"sqlite:///{path}").search_experiments()
     return path
 

@@ -19,6 +19,7 @@ from harness.progress import say
 from harness.record import JobRecord
 from harness.store.redact import redact
 
+
 class UsageError(ValueError):
     """A command line argparse refused."""
 

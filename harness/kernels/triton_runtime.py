@@ -42,8 +42,8 @@ def interpreter_ready() -> bool:
 
 
 def quicken_the_interpreter() -> None:
-    """Triton's interpreter, made quicker at the same results: see _no_discarded_overflow_checks and _builtins_found_once.
-    Where its interpreter lacks what these replace, it is left as it is."""
+    """Triton's interpreter, made quicker at the same results: see _no_discarded_overflow_checks and
+    _builtins_found_once. Where its interpreter lacks what these replace, it is left as it is."""
     if not interpreted():
         return
     from triton.runtime import interpreter

@@ -34,7 +34,6 @@ from harness.clock import median_call_ms
 from harness.kernels import EVERY_SLOT, EVERY_SLOT_REPEATED, VALID_PREFIX, attention_spec
 
 
-
 def _shape(arch: dict) -> tuple[int, ...]:
     return (arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["num_attention_heads"],
             arch["num_key_value_heads"], arch["head_dim"], arch["vocab_size"])

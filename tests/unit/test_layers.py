@@ -25,8 +25,8 @@ LAYERS = {
     "entry": {"entry", "cli", "base"},
 }
 # The modules outside a subpackage, each in its layer; a subpackage's modules are in the layer of its name
-TOP_LEVEL = {"harness": "base", "harness.cache": "base", "harness.errors": "base", "harness.clock": "base", "harness.progress": "base",
-             "harness.record": "base", "harness.registry": "base", "harness.models": "models",
+TOP_LEVEL = {"harness": "base", "harness.cache": "base", "harness.errors": "base", "harness.clock": "base",
+             "harness.progress": "base", "harness.record": "base", "harness.registry": "base", "harness.models": "models",
              "harness.__main__": "entry"}
 
 
