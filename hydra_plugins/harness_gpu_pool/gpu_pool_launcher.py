@@ -38,6 +38,12 @@ class GpuPoolLauncherConf:
     timeout_min: int = 24 * 60  # a job still running after this is stopped (SIGTERM: recorded KILLED)
 
 
+# How long a job's result is waited for once its process has ended. A local job writes its result to this machine's
+# disk before its process exits, so none there means the process died; submitit's own wait (15 s, for a cluster's
+# network file system) would only keep that job's GPU from the next job.
+RESULT_WAIT_S = 2
+
+
 ConfigStore.instance().store(group="hydra/launcher", name="gpus", node=GpuPoolLauncherConf, provider="harness")
 
 
@@ -105,6 +111,7 @@ class GpuPoolLauncher(BaseSubmititLauncher):
             executor.update_parameters(gpus_per_node=1, visible_gpus=[gpu], tasks_per_node=1,
                                        timeout_min=self.params.get("timeout_min", 24 * 60))
             job = executor.submit(self, overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+            job._results_timeout_s = RESULT_WAIT_S  # submitit's attribute (its own tests set it so)
             jobs[idx] = job
             try:
                 ret = job.result()

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config.schema import CONF_DIR, schema_defaults, config_hash
-from harness.config.validate import check_overrides
+from harness.config.validate import check_overrides, to_run_config
 from harness.errors import ConfigError
 from tests.support import REPO, compose_cfg, run_config
 
@@ -108,8 +108,7 @@ def test_the_context_preset_measures_one_eager_baseline_per_batch_and_context_an
     from harness.config.exclude import excluding_rule
 
     jobs, rules = jobs_of(["+experiment=context"])
-    kept = [job for job in jobs if excluding_rule(composed(job), rules) is None]
-    runs = [run_config(*job) for job in kept]
+    runs = [to_run_config(cfg) for cfg in map(composed, jobs) if excluding_rule(cfg, rules) is None]
     combos = {(r.bs, r.context_len, r.attn, r.mode) for r in runs}
     grid = [(bs, ctx) for bs in (1, 8, 32) for ctx in (1024, 4096, 16384, 32768)]
     assert len(runs) == len(combos) == 48 and len(jobs) == 72

@@ -170,7 +170,7 @@ def test_a_fused_graph_of_several_steps_times_the_same_positions_as_one_step_a_c
     """mode=fused, whose graph of several steps feeds each step's argmax to the next through its own greedy kernel
     (Triton's interpreter on a CPU, launched one by one): at graph_steps=1 and 4 the one block writes slots 10 to
     17, logged as the first timed position 10, with the same tokens; both are judged against fp32."""
-    runs = _jobs_over_graph_steps(timed_spans, *CPU_FP32, "bs=2", "mode=fused", "model.tie_word_embeddings=false")
+    runs = _jobs_over_graph_steps(timed_spans, *CPU_FP32, "bs=1", "mode=fused", "model.tie_word_embeddings=false")
     for graph_steps, (_, spans) in runs.items():
         assert [(start, end) for start, end, _ in spans] == [(CONTEXT + WARMUP, CONTEXT + WARMUP + 8)], graph_steps
     assert torch.equal(runs[1][1][0][2], runs[K][1][0][2])
