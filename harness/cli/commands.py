@@ -10,13 +10,12 @@ import traceback
 from datetime import datetime
 from pathlib import Path
 
-
-from harness.store import results, retry, runlog, tracking
 from harness.cache import cache_root
 from harness.cli import COMMANDS
 from harness.errors import ConfigError
 from harness.progress import say
 from harness.record import JobRecord
+from harness.store import results, retry, runlog, tracking
 from harness.store.redact import redact
 
 

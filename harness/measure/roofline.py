@@ -119,12 +119,12 @@ def ceilings(device: torch.device) -> dict[str, float]:
 
     facts = gpu_facts(device_index(device))
     key = f"{facts['gpu_name']} | driver {facts.get('gpu_driver', '?')}"
-    ceilings = cache_root() / "ceilings.json"
-    cached = json.loads(ceilings.read_text()) if ceilings.is_file() else {}
+    saved = cache_root() / "ceilings.json"
+    cached = json.loads(saved.read_text()) if saved.is_file() else {}
     if key not in cached:
         cached[key] = measure_ceilings(device)
-        ceilings.parent.mkdir(parents=True, exist_ok=True)
-        ceilings.write_text(json.dumps(cached, indent=2))
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(cached, indent=2))
     return {**cached[key], "key": key}
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from harness import models
 from harness.cli import commands as cli
+from harness.measure.environment import SET_BY_TORCH
 from harness.modes.compiled import LOADED, TRACED
 from tests.support import FAST, run_harness, run_in_process
 
@@ -37,12 +38,12 @@ def test_a_later_sweep_reads_the_kernels_or_loads_the_step_the_first_saved_and_a
 
     def sweep(name: str, in_process: bool = False, **more_env: str) -> dict:
         (workdir / name).mkdir()
-        if in_process:  # a model of its own (as a new process builds), and the compile caches' folders as the
-            models.release_models()  # subprocesses had them (torch names its own once used)
+        if in_process:  # a model of its own, as a new process builds, and the compile caches' folders left to the
+            models.release_models()  # harness, as a subprocess's environment leaves them (harness_env)
+            for variable in SET_BY_TORCH:
+                monkeypatch.delenv(variable, raising=False)
             monkeypatch.chdir(workdir / name)
-            done = run_in_process(capfd, monkeypatch, *REGIONAL_FP32, env={
-                **env, "TORCHINDUCTOR_CACHE_DIR": str(cache / "compile" / "inductor"),
-                "TRITON_CACHE_DIR": str(cache / "compile" / "triton"), **more_env})
+            done = run_in_process(capfd, monkeypatch, *REGIONAL_FP32, env={**env, **more_env})
         else:
             done = run_harness(*REGIONAL_FP32, cwd=workdir / name, env={**env, **more_env})
         (result,) = _results(workdir / name)
